@@ -1,0 +1,17 @@
+"""Test session set-up: two logical CPU devices, so that MirroredStrategy runs
+its real multi-replica path on a machine without GPUs (as Keras's own tests do).
+
+This must run before TensorFlow initialises, hence at conftest import time.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tfdist.devices import split_cpu_into_logical_devices  # noqa: E402
+
+LOGICAL_CPUS = 2
+split_cpu_into_logical_devices(LOGICAL_CPUS)
+
+PYTHON = sys.executable
