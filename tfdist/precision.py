@@ -1,0 +1,173 @@
+"""Mixed-precision policy selection.
+
+A user names the precision in words (`auto`, `float32`, `mixed_float16`,
+`mixed_bfloat16`); tfdist checks the hardware, picks for `auto`, and says what
+it picked and why. The chosen name is applied as the Keras global dtype
+policy, so layers built afterwards compute in it while their variables stay
+float32.
+"""
+
+import dataclasses
+import logging
+
+import keras
+import tensorflow as tf
+
+logger = logging.getLogger("tfdist")
+
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+_CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision policy a run uses and why.
+
+    Attributes:
+        policy: a Keras dtype policy name: `float32`, `mixed_float16` or
+            `mixed_bfloat16`.
+        reason: one human sentence explaining the choice.
+        loss_scaling: whether training needs dynamic loss scaling (float16).
+
+    Example:
+
+    >>> PrecisionChoice("float32", "asked for").compute_dtype
+    'float32'
+    """
+
+    policy: str
+    reason: str
+
+    @property
+    def compute_dtype(self):
+        """The dtype layers compute in under this policy."""
+        return {"float32": "float32", "mixed_float16": "float16",
+                "mixed_bfloat16": "bfloat16"}[self.policy]
+
+    @property
+    def loss_scaling(self):
+        """True when the policy needs dynamic loss scaling (float16)."""
+        return self.policy == "mixed_float16"
+
+
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+    """Returns the set of CPU feature flags (empty where they cannot be read).
+
+    Example:
+
+    >>> "avx2" in cpu_flags()  # on most x86-64 machines
+    True
+    """
+    try:
+        with open(cpuinfo_path) as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _gpu_compute_capabilities():
+    capabilities = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        capabilities.append(tuple(details.get("compute_capability") or (0, 0)))
+    return capabilities
+
+
+def detect_precision(gpu_capabilities=None, flags=None):
+    """Picks the fastest numerically safe policy for this machine.
+
+    bfloat16 on Ampere or newer GPUs (compute capability >= 8.0) and on CPUs
+    with AMX-BF16 or AVX512-BF16; float16 with loss scaling on GPUs with
+    compute capability 7.x; float32 otherwise.
+
+    Args:
+        gpu_capabilities: list of `(major, minor)` tuples, one per GPU; read
+            from TensorFlow when None.
+        flags: set of CPU feature flags; read from /proc/cpuinfo when None.
+
+    Returns:
+        A `PrecisionChoice`.
+
+    Example:
+
+    >>> detect_precision(gpu_capabilities=[(7, 0)]).policy
+    'mixed_float16'
+    """
+    if gpu_capabilities is None:
+        gpu_capabilities = _gpu_compute_capabilities()
+    if gpu_capabilities:
+        oldest = min(gpu_capabilities)
+        version = f"{oldest[0]}.{oldest[1]}"
+        if oldest >= (8, 0):
+            return PrecisionChoice(
+                "mixed_bfloat16", f"auto: GPU compute capability {version} (>= 8.0) has fast bfloat16")
+        if oldest >= (7, 0):
+            return PrecisionChoice(
+                "mixed_float16", f"auto: GPU compute capability {version} has float16 tensor cores but no bfloat16")
+        return PrecisionChoice(
+            "float32", f"auto: GPU compute capability {version} (< 7.0) has no fast half precision")
+    if flags is None:
+        flags = cpu_flags()
+    fast = sorted(flags.intersection(_CPU_BF16_FLAGS))
+    if fast:
+        return PrecisionChoice("mixed_bfloat16", f"auto: CPU has {', '.join(fast)}")
+    return PrecisionChoice(
+        "float32", "auto: no GPU and no AMX-BF16/AVX512-BF16 on this CPU, so half precision would be slower")
+
+
+def resolve_precision(name):
+    """Validates a precision name and resolves `auto`.
+
+    Args:
+        name: one of `PRECISIONS`.
+
+    Returns:
+        A `PrecisionChoice`; a warning is logged when an explicit half
+        precision is asked for on hardware that only emulates it.
+
+    Raises:
+        ValueError: `name` is not one of `PRECISIONS`.
+
+    Example:
+
+    >>> resolve_precision("float32").policy
+    'float32'
+    """
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"Unknown precision {name!r}. Valid precisions: {', '.join(PRECISIONS)}.")
+    if name == "auto":
+        return detect_precision()
+    choice = PrecisionChoice(name, "asked for")
+    if name != "float32" and detect_precision().policy != name:
+        logger.warning(
+            "Precision %s was asked for, but this machine has no fast %s; it will "
+            "run, likely slower than float32.", name, choice.compute_dtype)
+    return choice
+
+
+def apply_precision(name):
+    """Resolves `name` and sets it as the Keras global dtype policy.
+
+    Call it before building the model (and inside or outside the strategy
+    scope: the policy is global).
+
+    Args:
+        name: one of `PRECISIONS`.
+
+    Returns:
+        The applied `PrecisionChoice`.
+
+    Example:
+
+    >>> choice = apply_precision("mixed_bfloat16")
+    >>> keras.mixed_precision.dtype_policy().name
+    'mixed_bfloat16'
+    """
+    choice = resolve_precision(name)
+    keras.mixed_precision.set_global_policy(choice.policy)
+    logger.info("Precision: %s (%s)", choice.policy, choice.reason)
+    return choice
