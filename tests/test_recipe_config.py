@@ -1,0 +1,72 @@
+import pytest
+
+from tfdist.recipes.config import (COMMON_OPTIONS, ConfigError, Option, find_config_file,
+                                   parse_config)
+
+OPTIONS = COMMON_OPTIONS + [Option("model_size", str, "tiny", "Model size.", choices=("tiny", "base"))]
+
+
+def parse(argv):
+    return parse_config(argv, OPTIONS, prog="test")
+
+
+def test_defaults_apply_when_nothing_is_given():
+    config = parse([])
+    assert config.strategy == "auto" and config.global_batch_size == 64 and config.model_size == "tiny"
+    assert config.explicit == set() and config.config_file is None
+
+
+def test_flags_are_converted_and_recorded_as_explicit():
+    config = parse(["--strategy", "mirrored", "--global-batch-size", "32", "--learning-rate", "3e-4",
+                    "--deterministic"])
+    assert config.global_batch_size == 32 and config.learning_rate == pytest.approx(3e-4)
+    assert config.deterministic is True
+    assert config.explicit == {"strategy", "global_batch_size", "learning_rate", "deterministic"}
+
+
+def test_yaml_overrides_defaults_and_flags_override_yaml(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("strategy: mirrored\nglobal-batch-size: 128\nepochs: 3\n")
+    config = parse(["--config", str(path), "--epochs", "5"])
+    assert config.strategy == "mirrored" and config.global_batch_size == 128 and config.epochs == 5
+    assert config.config_file == str(path)
+
+
+def test_unknown_yaml_key_lists_the_valid_ones(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("global_batch: 128\n")
+    with pytest.raises(ConfigError) as error:
+        parse(["--config", str(path)])
+    assert "'global_batch'" in str(error.value) and "global_batch_size" in str(error.value)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--global-batch-size", "0"], "global_batch_size must be >= 1, got 0"),
+    (["--global-batch-size", "many"], "global_batch_size must be int, got 'many'"),
+    (["--precision", "fp8"], "precision='fp8' is not allowed"),
+    (["--xla", "maybe"], "xla='maybe' is not allowed"),
+    (["--deterministic", "perhaps"], "deterministic must be bool"),
+])
+def test_bad_flag_values_name_the_value(argv, fragment):
+    with pytest.raises(ConfigError) as error:
+        parse(argv)
+    assert fragment in str(error.value)
+
+
+def test_bad_yaml_value_names_the_file(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model_size: huge\n")
+    with pytest.raises(ConfigError) as error:
+        parse(["--config", str(path)])
+    assert str(path) in str(error.value) and "tiny, base" in str(error.value)
+
+
+def test_missing_config_says_where_it_looked():
+    with pytest.raises(ConfigError) as error:
+        find_config_file("no_such_recipe", search_dirs=["/nonexistent"])
+    assert "no_such_recipe" in str(error.value) and "/nonexistent" in str(error.value)
+
+
+def test_named_config_is_found_in_a_recipes_folder(tmp_path):
+    (tmp_path / "mine.yaml").write_text("epochs: 2\n")
+    assert find_config_file("mine", search_dirs=[str(tmp_path)]) == str(tmp_path / "mine.yaml")

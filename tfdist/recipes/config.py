@@ -1,0 +1,280 @@
+"""Flags and YAML configs shared by every recipe.
+
+Each option is declared once, as an `Option`; the same declaration builds the
+command-line flag, validates the YAML config file and documents `--help`.
+Precedence, lowest first: the recipe's defaults, the `--config` YAML file,
+flags given on the command line.
+
+Example:
+
+    options = COMMON_OPTIONS + [Option("model_size", str, "tiny", "Model size.")]
+    config = parse_config(["--strategy", "mirrored"], options, prog="my_recipe")
+    config.strategy   # 'mirrored'
+"""
+
+import argparse
+import dataclasses
+import os
+
+import yaml
+
+from tfdist.precision import PRECISIONS
+
+XLA_MODES = ("auto", "on", "off")
+OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
+SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
+CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
+
+
+class ConfigError(ValueError):
+    """A recipe option or config file is invalid; the message says which and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One recipe option: a command-line flag and a YAML key.
+
+    Args:
+        name: the key, with underscores (`global_batch_size`); the flag is
+            the same with dashes (`--global-batch-size`).
+        type: `int`, `float`, `str` or `bool`.
+        default: the value when neither the config file nor a flag sets it.
+        help: one sentence for `--help`.
+        choices: the allowed values, or None for any value of `type`.
+        minimum: the smallest allowed number, for `int`/`float` options.
+
+    Example:
+
+    >>> Option("epochs", int, 1, "Number of epochs.", minimum=1).flag
+    '--epochs'
+    """
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple = None
+    minimum: float = None
+
+    @property
+    def flag(self):
+        """The command-line spelling of the option."""
+        return "--" + self.name.replace("_", "-")
+
+    def convert(self, value, source):
+        """Converts and validates `value` (from `source`, for the error)."""
+        if value is None:
+            return None
+        try:
+            if self.type is bool:
+                value = _to_bool(value)
+            elif self.type is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            else:
+                value = self.type(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{source}: {self.name} must be {self.type.__name__}, got {value!r}.") from None
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(
+                f"{source}: {self.name}={value!r} is not allowed. Choose one of: "
+                f"{', '.join(map(str, self.choices))}.")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(
+                f"{source}: {self.name} must be >= {self.minimum}, got {value!r}.")
+        return value
+
+
+def _to_bool(value):
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+COMMON_OPTIONS = [
+    Option("strategy", str, "auto",
+           "Distribution strategy: auto, default, one_device, mirrored, multi_worker_mirrored."),
+    Option("devices", int, None,
+           "Devices per worker (GPUs; on a machine without GPUs the CPU is split into this many "
+           "logical devices). Default: all GPUs, or one CPU device.", minimum=1),
+    Option("all_reduce", str, None,
+           "All-reduce implementation: nccl, hierarchical_copy, reduction_to_one_device (mirrored); "
+           "auto, ring, nccl (multi_worker_mirrored). Default: TensorFlow's choice."),
+    Option("global_batch_size", int, 64,
+           "Examples per step across all replicas; must divide evenly by the replica count.", minimum=1),
+    Option("epochs", int, 1, "Number of epochs.", minimum=1),
+    Option("steps_per_epoch", int, None,
+           "Optimizer steps per epoch (default: one pass over the training data).", minimum=1),
+    Option("validation_steps", int, None, "Validation steps after each epoch (default: the whole split).",
+           minimum=1),
+    Option("precision", str, "auto",
+           "auto (bfloat16 on AMX/AVX512-BF16 CPUs and Ampere+ GPUs, float16 on compute capability 7.x, "
+           "else float32), float32, mixed_float16, mixed_bfloat16.", choices=PRECISIONS),
+    Option("xla", str, "auto", "XLA compilation of the replica step: auto, on, off.", choices=XLA_MODES),
+    Option("optimizer", str, "adamw", "Optimizer.", choices=OPTIMIZERS),
+    Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0),
+    Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES),
+    Option("warmup_steps", int, 0, "Linear warmup steps.", minimum=0),
+    Option("weight_decay", float, 0.0, "Decoupled weight decay (adamw, lion, lamb, sgd).", minimum=0.0),
+    Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
+           minimum=0.0),
+    Option("grad_accum_steps", int, 1, "Micro-batches accumulated per optimizer step.", minimum=1),
+    Option("steps_per_execution", int, 1, "Training steps run inside one tf.function call.", minimum=1),
+    Option("dataset", str, None, "Data source (see the recipe's --help for the forms)."),
+    Option("model_dir", str, None,
+           "Folder for checkpoints and TensorBoard logs (default: none written)."),
+    Option("seed", int, 42, "Random seed for weights and data order."),
+    Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
+    Option("verbose", int, 1, "0: silent, 1: progress bar, 2: one line per epoch.", choices=(0, 1, 2)),
+]
+
+
+def find_config_file(name_or_path, search_dirs=None):
+    """Finds a recipe YAML by path, or by name in the top-level `recipes/` folder.
+
+    Args:
+        name_or_path: a path to a YAML file, or a recipe name such as
+            `transformer_tiny` (looked up as `recipes/transformer_tiny.yaml`).
+        search_dirs: folders to look in for names; default: `$TFDIST_RECIPES_DIR`,
+            `./recipes` and the `recipes/` folder of the tfdist checkout.
+
+    Returns:
+        The path of an existing file.
+
+    Raises:
+        ConfigError: nothing found; the message lists where it looked.
+
+    Example:
+
+    >>> find_config_file("recipes/transformer_tiny.yaml")
+    'recipes/transformer_tiny.yaml'
+    """
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    if search_dirs is None:
+        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        search_dirs = [d for d in (os.environ.get(CONFIG_DIRS_ENV), "recipes",
+                                   os.path.join(checkout, "recipes")) if d]
+    tried = [name_or_path]
+    for folder in search_dirs:
+        for candidate in (name_or_path, name_or_path + ".yaml", name_or_path + ".yml"):
+            path = os.path.join(folder, candidate)
+            tried.append(path)
+            if os.path.isfile(path):
+                return path
+    raise ConfigError(f"Config file {name_or_path!r} not found. Looked at: {', '.join(tried)}.")
+
+
+def load_config_file(path, options):
+    """Reads a YAML recipe file into a dict of validated option values.
+
+    Args:
+        path: the YAML file: a mapping from option names (underscores or
+            dashes) to values.
+        options: the recipe's `Option` list.
+
+    Returns:
+        A dict from option name to converted value.
+
+    Raises:
+        ConfigError: unreadable YAML, not a mapping, an unknown key (the
+            message lists the valid ones) or a bad value.
+
+    Example:
+
+    >>> load_config_file("recipes/transformer_tiny.yaml", COMMON_OPTIONS + extra)
+    {'strategy': 'mirrored', ...}
+    """
+    by_name = {option.name: option for option in options}
+    try:
+        with open(path) as stream:
+            raw = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError(f"Cannot read config file {path}: {error}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"Config file {path} must hold a mapping of option: value, got {type(raw).__name__}.")
+    values = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in by_name:
+            raise ConfigError(
+                f"Config file {path}: unknown option {key!r}. Valid options: {', '.join(sorted(by_name))}.")
+        values[name] = by_name[name].convert(value, f"config file {path}")
+    return values
+
+
+def build_parser(options, prog, description, epilog=None):
+    """Builds the argparse parser for a recipe from its `Option` list.
+
+    Defaults are kept out of the parser (so that flags given by the user can
+    be told apart from defaults) and shown in the help text instead.
+
+    Example:
+
+    >>> parser = build_parser(COMMON_OPTIONS, "demo", "A demo recipe.")
+    >>> parser.parse_args(["--epochs", "3"]).epochs
+    3
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS)
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="YAML recipe (a path, or a name in the top-level recipes/ folder); flags override it.")
+    for option in options:
+        metavar = "{" + ",".join(map(str, option.choices)) + "}" if option.choices else option.type.__name__.upper()
+        extra = {"nargs": "?", "const": "true"} if option.type is bool else {}
+        parser.add_argument(
+            option.flag, dest=option.name, metavar=metavar,
+            help=f"{option.help} (default: {option.default})", **extra)
+    return parser
+
+
+def parse_config(argv, options, prog, description="", epilog=None):
+    """Parses flags and the optional `--config` file into one namespace.
+
+    Args:
+        argv: command-line arguments (without the program name).
+        options: the recipe's `Option` list (usually `COMMON_OPTIONS + own`).
+        prog, description, epilog: for `--help`.
+
+    Returns:
+        An `argparse.Namespace` holding every option's final value, plus
+        `config_file` (the YAML used, or None) and `explicit` (the set of
+        option names set by a flag or the file).
+
+    Raises:
+        ConfigError: a bad flag value, config file or unknown key.
+        SystemExit: from argparse, for `--help` and unknown flags.
+
+    Example:
+
+    >>> parse_config(["--epochs", "2"], COMMON_OPTIONS, "demo").epochs
+    2
+    """
+    names = [option.name for option in options]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Duplicate option names in {names}.")
+    parser = build_parser(options, prog, description, epilog)
+    flags = vars(parser.parse_args(argv))
+    config_file = flags.pop("config", None)
+    values = {option.name: option.default for option in options}
+    explicit = set()
+    if config_file is not None:
+        config_file = find_config_file(config_file)
+        from_file = load_config_file(config_file, options)
+        values.update(from_file)
+        explicit.update(from_file)
+    for option in options:
+        if option.name in flags:
+            values[option.name] = option.convert(flags[option.name], f"flag {option.flag}")
+            explicit.add(option.name)
+    return argparse.Namespace(**values, config_file=config_file, explicit=explicit)
