@@ -1,1 +1,39 @@
-"""tfdist.schedules"""
+"""Learning-rate schedules with warmup, for any Keras 3 optimizer.
+
+Every schedule here is a `keras.optimizers.schedules.LearningRateSchedule`
+that computes its value from the step alone with `keras.ops` (float32), so it
+works eagerly, in `tf.function`, under XLA and under every `tf.distribute`
+strategy, and serialises with the optimizer (`get_config` / `from_config`,
+registered under the package name "tfdist").
+
+    from tfdist.schedules import make_schedule, scale_learning_rate
+
+    lr = scale_learning_rate(0.1, global_batch_size=1024)     # 0.4
+    schedule = make_schedule("cosine", lr, warmup_steps=500, total_steps=10_000)
+    optimizer = keras.optimizers.SGD(learning_rate=schedule, momentum=0.9)
+
+Under a Keras optimizer's `gradient_accumulation_steps=K`, wrap the schedule
+in `OptimizerStepSchedule(schedule, K)` so it counts updates, not
+micro-batches. To drive an optimizer that holds a float rate from a
+schedule, use `tfdist.callbacks.learning_rate.LearningRateScheduleCallback`.
+"""
+
+from tfdist.schedules.constant import ConstantLearningRate
+from tfdist.schedules.factory import SCHEDULE_NAMES
+from tfdist.schedules.factory import make_schedule
+from tfdist.schedules.inverse_sqrt import InverseSqrtDecay
+from tfdist.schedules.optimizer_step import OptimizerStepSchedule
+from tfdist.schedules.scaling import scale_learning_rate
+from tfdist.schedules.warmup import WARMUP_MODES
+from tfdist.schedules.warmup import WarmUp
+
+__all__ = [
+    "SCHEDULE_NAMES",
+    "WARMUP_MODES",
+    "ConstantLearningRate",
+    "InverseSqrtDecay",
+    "OptimizerStepSchedule",
+    "WarmUp",
+    "make_schedule",
+    "scale_learning_rate",
+]
