@@ -1,0 +1,80 @@
+"""Optimizers by name, with a learning-rate schedule.
+
+Build the optimizer inside `strategy.scope()`: Keras 3 optimizers capture the
+strategy when they are constructed.
+"""
+
+import keras
+
+from tfdist.schedules import make_schedule
+
+OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
+
+
+def _recipe_schedule_options(schedule, warmup_steps, total_steps):
+    """Defaults for the schedules that need more than a length: step decay
+    divides the rate by 10 at 50% and 75% of the post-warmup steps (the
+    classic ResNet shape); SGDR restarts after a quarter of them."""
+    if total_steps is None or schedule not in ("step", "cosine_restarts"):
+        return {}
+    decay = total_steps - warmup_steps
+    if decay < 4:
+        raise ValueError(
+            f"Schedule {schedule!r} needs at least 4 optimizer steps after the {warmup_steps} warmup "
+            f"steps, but the run has {total_steps} in all; lower --warmup-steps or train longer.")
+    if schedule == "step":
+        return {"boundaries": sorted({warmup_steps + decay // 2, warmup_steps + (3 * decay) // 4})}
+    return {"first_decay_steps": max(1, decay // 4)}
+
+
+def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0, total_steps=None,
+                    weight_decay=0.0, momentum=0.9):
+    """Returns a Keras optimizer whose learning rate follows a warmup schedule.
+
+    Args:
+        name: one of `OPTIMIZER_NAMES`. `momentum` is SGD with Nesterov
+            momentum; `sgd` is plain SGD.
+        learning_rate: the peak rate, reached at the end of the warmup.
+        schedule: decay after warmup, a name accepted by
+            `tfdist.schedules.make_schedule` (`constant`, `cosine`, ...);
+            `step` decays 10x at 50% and 75% of the post-warmup steps and
+            `cosine_restarts` restarts after a quarter of them.
+        warmup_steps: optimizer steps of linear warmup from 0.
+        total_steps: optimizer steps in the whole run, for decaying
+            schedules.
+        weight_decay: decoupled weight decay (ignored by `adam`; passed to
+            the other optimizers, which all take it in Keras 3).
+        momentum: momentum for `momentum`.
+
+    Returns:
+        A `keras.optimizers.Optimizer`.
+
+    Raises:
+        ValueError: unknown optimizer name, or a schedule error.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     optimizer = build_optimizer("adamw", 1e-3, schedule="cosine",
+    ...                                 warmup_steps=100, total_steps=1000)
+    """
+    if name not in OPTIMIZER_NAMES:
+        raise ValueError(f"Unknown optimizer {name!r}. Valid optimizers: {', '.join(OPTIMIZER_NAMES)}.")
+    rate = make_schedule(schedule, learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
+                         **_recipe_schedule_options(schedule, warmup_steps, total_steps))
+    decay = {"weight_decay": weight_decay} if weight_decay else {}
+    if name == "adam":
+        if weight_decay:
+            raise ValueError(
+                f"Optimizer 'adam' has no decoupled weight decay (got weight_decay={weight_decay}); "
+                "use 'adamw'.")
+        return keras.optimizers.Adam(rate)
+    if name == "adamw":
+        return keras.optimizers.AdamW(rate, weight_decay=weight_decay)
+    if name == "sgd":
+        return keras.optimizers.SGD(rate, **decay)
+    if name == "momentum":
+        return keras.optimizers.SGD(rate, momentum=momentum, nesterov=True, **decay)
+    if name == "lamb":
+        return keras.optimizers.Lamb(rate, **decay)
+    return keras.optimizers.Lion(rate, **decay)
