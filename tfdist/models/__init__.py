@@ -1,1 +1,34 @@
-"""tfdist.models"""
+"""tfdist.models: Keras 3 models for tfdist's recipes, and their losses.
+
+Example:
+
+    from tfdist.models import build_decoder_lm, transformer_config
+    model = build_decoder_lm(transformer_config("tiny", vocab_size=64, max_len=40))
+"""
+
+from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
+from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
+from tfdist.models.transformer import (
+    TRANSFORMER_SIZES,
+    TransformerConfig,
+    build_decoder_lm,
+    decoder_lm_flops_per_token,
+    decoder_lm_matmul_params,
+    decoder_lm_param_count,
+    transformer_config,
+)
+
+__all__ = [
+    "TRANSFORMER_SIZES",
+    "DecoderBlock",
+    "MaskedAccuracy",
+    "MaskedSparseCategoricalCrossentropy",
+    "PaddingMask",
+    "TokenAndPositionEmbedding",
+    "TransformerConfig",
+    "build_decoder_lm",
+    "decoder_lm_flops_per_token",
+    "decoder_lm_matmul_params",
+    "decoder_lm_param_count",
+    "transformer_config",
+]

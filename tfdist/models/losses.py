@@ -1,0 +1,224 @@
+"""Token-level loss and accuracy that ignore padding, with exact
+multi-replica semantics.
+
+Every sequence batch carries pad targets (id 0 by default). A per-replica
+mean over that replica's own non-pad tokens, averaged over replicas, is NOT
+the mean over the global batch when replicas hold different numbers of real
+tokens. The loss therefore exposes its per-replica sum and token count, so a
+training step can divide by the global count; the metric keeps sums, which
+add up exactly across replicas.
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+
+def _check_pad_id(pad_id):
+    if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral) or pad_id < 0:
+        raise ValueError(f"pad_id must be a token id, an integer >= 0, got {pad_id!r}.")
+    return int(pad_id)
+
+
+def _token_weights(y_true, pad_id, sample_weight, dtype):
+    """Float weights `[batch, seq]`: 0 at pad targets, else 1 (x sample_weight)."""
+    y_true = ops.convert_to_tensor(y_true)
+    weights = ops.cast(ops.not_equal(y_true, ops.cast(pad_id, y_true.dtype)), dtype)
+    if sample_weight is not None:
+        sample_weight = ops.cast(ops.convert_to_tensor(sample_weight), dtype)
+        while len(sample_weight.shape) < len(weights.shape):
+            sample_weight = ops.expand_dims(sample_weight, -1)
+        weights = weights * sample_weight
+    return weights
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossentropy):
+    """Sparse categorical cross-entropy over non-pad target tokens only.
+
+    Keras's own `SparseCategoricalCrossentropy(ignore_class=pad_id)`, with
+    `from_logits=True` by default and helpers for distributed training.
+    Per-token losses are zero at pad targets and carry a Keras mask, so the
+    Keras reductions mean:
+
+    * `"sum_over_batch_size"` (default) / `"mean"`: sum over non-pad tokens
+      divided by their number (0 when there are none). Under a
+      `tf.distribute` strategy Keras also divides by the number of replicas
+      (`keras.losses.loss.scale_loss_for_distribution`), which gives the
+      global mean only if every replica holds the same number of real tokens.
+    * `"sum"`: sum over non-pad tokens, never rescaled.
+    * `None` / `"none"`: per-token losses `[batch, seq]`, zeros at pads.
+
+    Exact global mean on N replicas (what a distributed training step
+    should do): in each replica compute `loss_sum, count =
+    loss.sum_and_count(y, logits)`, all-reduce (SUM) `count` to
+    `global_count`, and differentiate `loss_sum / global_count`. Summed over
+    replicas, both that value and its gradient equal the single-device mean
+    over the whole global batch, for any split of pad tokens:
+    `sum_r loss_sum_r / sum_r count_r`. (Keras 3 optimizers sum gradients
+    across replicas in `apply`; see DESIGN.md.)
+
+    Args:
+        pad_id: target id to ignore. Defaults to 0.
+        from_logits: whether `y_pred` holds logits (True, the default, for
+            tfdist's models) or probabilities.
+        reduction: a Keras reduction, see above.
+        name: name of the loss.
+        dtype: dtype of the loss computation; defaults to `keras.backend.floatx()`
+            (float32), also under a mixed-precision policy.
+
+    Example:
+
+    >>> loss = MaskedSparseCategoricalCrossentropy()
+    >>> y_true = np.array([[5, 6, 0]])          # the last token is padding
+    >>> logits = np.random.randn(1, 3, 8).astype("float32")
+    >>> value = loss(y_true, logits)           # mean over the 2 real tokens
+    >>> loss_sum, count = loss.sum_and_count(y_true, logits)  # count == 2.0
+    """
+
+    def __init__(self, pad_id=0, from_logits=True, reduction="sum_over_batch_size",
+                 name="masked_sparse_categorical_crossentropy", dtype=None):
+        pad_id = _check_pad_id(pad_id)
+        super().__init__(from_logits=from_logits, ignore_class=pad_id,
+                         reduction=reduction, name=name, dtype=dtype)
+        self.pad_id = pad_id
+
+    def per_token(self, y_true, y_pred):
+        """Per-token losses `[batch, seq]`, zeros at pad targets.
+
+        Args:
+            y_true: int targets `[batch, seq]`.
+            y_pred: logits (or probabilities) `[batch, seq, vocab]`.
+
+        Example:
+
+        >>> losses = MaskedSparseCategoricalCrossentropy().per_token(
+        ...     np.array([[3, 0]]), np.zeros((1, 2, 4), "float32"))
+        >>> [round(float(v), 4) for v in np.asarray(losses)[0]]  # [log 4, 0]
+        [1.3863, 0.0]
+        """
+        y_pred = ops.convert_to_tensor(y_pred, dtype=self.dtype)
+        y_true = ops.convert_to_tensor(y_true, dtype=self.dtype)
+        return self.call(y_true, y_pred)
+
+    def count_tokens(self, y_true, sample_weight=None):
+        """Number of non-pad target tokens (their summed `sample_weight` if given).
+
+        Args:
+            y_true: int targets `[batch, seq]`.
+            sample_weight: optional weights `[batch]` or `[batch, seq]`.
+
+        Returns:
+            A scalar in `self.dtype`.
+
+        Example:
+
+        >>> float(MaskedSparseCategoricalCrossentropy().count_tokens(np.array([[4, 5, 0]])))
+        2.0
+        """
+        return ops.sum(_token_weights(y_true, self.pad_id, sample_weight, self.dtype))
+
+    def sum_and_count(self, y_true, y_pred, sample_weight=None):
+        """Summed loss over non-pad tokens and the number of those tokens.
+
+        `loss_sum / count` is the default (mean) reduction on one device; for
+        the exact global mean on several replicas divide each replica's
+        `loss_sum` by the all-reduced sum of the `count`s (see the class
+        docstring).
+
+        Args:
+            y_true: int targets `[batch, seq]`.
+            y_pred: logits (or probabilities) `[batch, seq, vocab]`.
+            sample_weight: optional weights `[batch]` or `[batch, seq]`,
+                applied to both the sum and the count.
+
+        Returns:
+            `(loss_sum, count)`, two scalars in `self.dtype`.
+
+        Example:
+
+        >>> loss = MaskedSparseCategoricalCrossentropy()
+        >>> loss_sum, count = loss.sum_and_count(np.array([[3, 0]]),
+        ...                                      np.zeros((1, 2, 4), "float32"))
+        >>> float(count)
+        1.0
+        """
+        weights = _token_weights(y_true, self.pad_id, sample_weight, self.dtype)
+        losses = self.per_token(y_true, y_pred)
+        return ops.sum(losses * weights), ops.sum(weights)
+
+    def get_config(self):
+        config = keras.losses.Loss.get_config(self)
+        config.update({"pad_id": self.pad_id, "from_logits": self.from_logits})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class MaskedAccuracy(keras.metrics.Metric):
+    """Token accuracy (`argmax(y_pred) == y_true`) over non-pad targets only.
+
+    Keeps two sums, correct tokens and counted tokens, in variables that
+    Keras creates with `aggregation="sum"` (SyncOnRead under a
+    `tf.distribute` strategy), so `result()` is exactly
+    `sum_r correct_r / sum_r count_r` over replicas: the single-device value
+    of the global batch, whatever the split of pad tokens.
+
+    Args:
+        pad_id: target id to ignore. Defaults to 0.
+        name: name of the metric.
+        dtype: dtype of the sums and the result; defaults to float32.
+
+    Example:
+
+    >>> metric = MaskedAccuracy()
+    >>> logits = np.eye(6, dtype="float32")[[[4, 5, 1]]]  # predicts 4, 5, 1
+    >>> metric.update_state(np.array([[4, 2, 0]]), logits)
+    >>> float(metric.result())                             # 1 of 2 real tokens
+    0.5
+    """
+
+    def __init__(self, pad_id=0, name="masked_accuracy", dtype=None):
+        pad_id = _check_pad_id(pad_id)
+        super().__init__(name=name, dtype=dtype)
+        self.pad_id = pad_id
+        self._direction = "up"
+        self.correct = self.add_variable(shape=(), initializer="zeros", dtype=self.dtype,
+                                         aggregation="sum", name="correct")
+        self.count = self.add_variable(shape=(), initializer="zeros", dtype=self.dtype,
+                                       aggregation="sum", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        """Adds a batch.
+
+        Args:
+            y_true: int targets `[batch, seq]` (or `[batch, seq, 1]`).
+            y_pred: scores `[batch, seq, vocab]` (logits or probabilities).
+            sample_weight: optional weights `[batch]` or `[batch, seq]`.
+
+        Example:
+
+        >>> MaskedAccuracy().update_state(np.array([[4]]), np.ones((1, 1, 6)))
+        """
+        y_pred = ops.convert_to_tensor(y_pred)
+        y_true = ops.cast(ops.convert_to_tensor(y_true), "int32")
+        if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == 1:
+            y_true = ops.squeeze(y_true, -1)
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        weights = _token_weights(y_true, self.pad_id, sample_weight, self.dtype)
+        matches = ops.cast(ops.equal(predicted, y_true), self.dtype)
+        self.correct.assign_add(ops.sum(matches * weights))
+        self.count.assign_add(ops.sum(weights))
+
+    def result(self):
+        """Correct / counted tokens so far (0 before any real token).
+
+        Example:
+
+        >>> float(MaskedAccuracy().result())
+        0.0
+        """
+        return ops.divide_no_nan(self.correct, self.count)
+
+    def get_config(self):
+        return {"pad_id": self.pad_id, "name": self.name, "dtype": self.dtype}
