@@ -1,0 +1,11 @@
+"""Launcher test worker: prints its launcher-provided environment as one JSON
+line ("ENV {...}") on stdout, and one line on stderr."""
+
+import json
+import os
+import sys
+
+names = ["TF_CONFIG", "TFDIST_RANK", "TFDIST_WORLD_SIZE", "TFDIST_DEVICES_PER_WORKER",
+         "TFDIST_READY_FILE", "PYTHONUNBUFFERED"]
+print("ENV " + json.dumps({name: os.environ.get(name) for name in names}))
+print(f"stderr of rank {os.environ['TFDIST_RANK']}", file=sys.stderr)

@@ -1,0 +1,56 @@
+"""The local multi-worker launcher: tfdist's torchrun.
+
+Runs one command as N TensorFlow workers on this machine. Each worker gets a
+free loopback port and its own TF_CONFIG (worker 0 is the chief), so
+`tf.distribute.MultiWorkerMirroredStrategy` (or tfdist's strategy factory)
+forms a real multi-worker cluster without any other set-up. It never imports
+TensorFlow, so it starts instantly.
+
+Command line:
+
+    python -m tfdist.launch --workers N [--devices-per-worker M]
+        [--startup-timeout S] [--timeout T] [--grace-period G]
+        [--host 127.0.0.1] -- <command...>
+
+    python -m tfdist.launch --workers 2 -- python -m tfdist.recipes.cnn \\
+        --strategy multi_worker_mirrored
+
+Every worker's environment has:
+
+- TF_CONFIG = {"cluster": {"worker": ["127.0.0.1:p0", ...]},
+  "task": {"type": "worker", "index": i}} (one already set is replaced);
+- TFDIST_RANK = i, TFDIST_WORLD_SIZE = N, PYTHONUNBUFFERED = 1;
+- TFDIST_DEVICES_PER_WORKER = M when --devices-per-worker is given;
+- TFDIST_READY_FILE: a path in a temporary directory the launcher owns. The
+  worker creates it once its strategy is up (tfdist's strategy factory does;
+  other programs can touch it themselves).
+
+Each output line is prefixed with its worker, e.g. "[worker 1] loss 0.3";
+workers' stdout goes to stdout, their stderr and the launcher's own messages
+to stderr.
+
+Exit status: 0 when every worker exits 0. When one worker fails (non-zero exit
+or a signal) the others get SIGTERM, then SIGKILL after the grace period, and
+the launcher exits with that worker's status (128 + N for signal N). A worker
+that neither creates its ready file nor exits 0 within --startup-timeout
+(default 300 s, 0 disables) stops the job with 125; passing --timeout stops it
+with 124; SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to the workers
+and it exits 128 + N. Bad arguments exit 2; a command that cannot be started,
+127. Each worker runs in its own process group (stopping a worker stops what it
+started) and, on Linux, is SIGKILLed if the launcher itself is SIGKILLed.
+
+Python API:
+
+    from tfdist.launch import launch
+    status = launch(["python", "train.py"], workers=2, timeout=600)
+
+On a real cluster no launcher is needed: TF_CONFIG is set by the cluster
+(Kubeflow's TFJob, SLURM through `SlurmClusterResolver`, ...) and each machine
+simply runs the training command.
+"""
+
+from tfdist.launch.cli import main
+from tfdist.launch.runner import (EXIT_CANNOT_START, EXIT_STARTUP_TIMEOUT,
+                                  EXIT_TIMEOUT, launch)
+
+__all__ = ["launch", "main", "EXIT_TIMEOUT", "EXIT_STARTUP_TIMEOUT", "EXIT_CANNOT_START"]

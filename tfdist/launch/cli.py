@@ -1,0 +1,109 @@
+"""The command line of the launcher: `python -m tfdist.launch ... -- command`."""
+
+import argparse
+import math
+import sys
+
+from tfdist.launch.runner import launch
+
+USAGE_EXAMPLE = "python -m tfdist.launch --workers 2 -- python train.py"
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds >= 0 (0 disables it), got {text!r}")
+    return value
+
+
+def build_parser():
+    """Returns the `argparse.ArgumentParser` of `python -m tfdist.launch`.
+
+    Example:
+
+    >>> build_parser().parse_args(["--workers", "2"]).workers
+    2
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m tfdist.launch",
+        description="Run a command as N TensorFlow workers on this machine, each "
+                    "with its own TF_CONFIG, and stop them all when one fails.",
+        epilog=f"Example: {USAGE_EXAMPLE}. On a real cluster TF_CONFIG comes from "
+               "the cluster (Kubeflow TFJob, SLURM, ...) and no launcher is needed.")
+    parser.add_argument("--workers", type=_positive_int, required=True,
+                        help="number of worker processes (>= 1)")
+    parser.add_argument("--devices-per-worker", type=_positive_int, default=None,
+                        help="exported to each worker as TFDIST_DEVICES_PER_WORKER")
+    parser.add_argument("--startup-timeout", type=_seconds, default=300.0,
+                        help="seconds for every worker to create its TFDIST_READY_FILE "
+                             "or exit 0 (default 300; 0 disables); exit 125 otherwise")
+    parser.add_argument("--timeout", type=_seconds, default=None,
+                        help="job deadline in seconds (default none); exit 124 when passed")
+    parser.add_argument("--grace-period", type=_seconds, default=5.0,
+                        help="seconds between SIGTERM and SIGKILL when stopping workers "
+                             "(default 5)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="loopback address the workers listen on (default 127.0.0.1)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the worker command, after --")
+    return parser
+
+
+def parse_args(argv):
+    """Parses launcher arguments; exits 2 with a message on bad input.
+
+    Args:
+        argv: the arguments after the program name.
+
+    Example:
+
+    >>> parse_args(["--workers", "2", "--", "python", "train.py"]).command
+    ['python', 'train.py']
+    """
+    parser = build_parser()
+    if "--" in argv:
+        split = argv.index("--")
+        args = parser.parse_args(argv[:split])
+        if args.command:
+            parser.error(f"unexpected argument(s) before --: {' '.join(args.command)!r}")
+        args.command = argv[split + 1:]
+    else:
+        args = parser.parse_args(argv)
+    if not args.command:
+        parser.error(f"missing the worker command after --; for example: {USAGE_EXAMPLE}")
+    return args
+
+
+def main(argv=None):
+    """Runs the launcher command line and returns its exit status.
+
+    Args:
+        argv: the arguments after the program name (default `sys.argv[1:]`).
+
+    Example:
+
+    >>> main(["--workers", "2", "--", "python", "-c", "print('hi')"])  # doctest: +SKIP
+    0
+    """
+    args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        return launch(args.command, args.workers,
+                      devices_per_worker=args.devices_per_worker,
+                      startup_timeout=args.startup_timeout, timeout=args.timeout,
+                      host=args.host, grace_period=args.grace_period)
+    except ValueError as error:
+        build_parser().error(str(error))
