@@ -22,7 +22,9 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     the latest, so a hung job fails the test instead of hanging it.
     """
     command = [sys.executable, "-m", "tfdist.launch", "--workers", str(workers),
-               "--timeout", str(timeout), "--startup-timeout", str(startup_timeout)]
+               "--timeout", str(timeout), "--startup-timeout", str(startup_timeout),
+               # TF workers ignore SIGTERM; a short grace period stops a failed job sooner.
+               "--grace-period", "2"]
     if devices_per_worker is not None:
         command += ["--devices-per-worker", str(devices_per_worker)]
     worker = list(args)
