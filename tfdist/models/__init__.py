@@ -8,6 +8,10 @@ Example:
 
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
+from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, decay_mask,
+                                          exclude_from_weight_decay, is_weight_decayed,
+                                          no_decay_variables, sparse_label_smoothing_loss)
+from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
 from tfdist.models.transformer import (
     TRANSFORMER_SIZES,
     TransformerConfig,
@@ -19,6 +23,16 @@ from tfdist.models.transformer import (
 )
 
 __all__ = [
+    "RESNET_NAMES",
+    "SparseLabelSmoothingCrossentropy",
+    "build_resnet",
+    "decay_mask",
+    "exclude_from_weight_decay",
+    "is_weight_decayed",
+    "no_decay_variables",
+    "resnet_flops_per_example",
+    "resnet_name",
+    "sparse_label_smoothing_loss",
     "TRANSFORMER_SIZES",
     "DecoderBlock",
     "MaskedAccuracy",
