@@ -1,1 +1,38 @@
-"""tfdist.data"""
+"""tfdist.data: sharded input pipelines for multi-device, multi-worker training.
+
+Sources say where examples come from; the pipeline shards them per input
+pipeline (by file or by record), batches per replica and hands the result to
+the strategy:
+
+    from tfdist.data import make_source, distribute_dataset
+
+    source = make_source("embedded:reverse")          # or tfds:..., tfrecord:..., text:...
+    dataset = distribute_dataset(strategy, source, global_batch_size=64, seed=0)
+    model = build_model(vocab_size=source.vocab_size, length=source.sequence_length)
+
+Sequence sources yield `(inputs, targets)` int32 vectors of
+`source.sequence_length`; targets equal to 0 (pad) must not count in the loss.
+"""
+
+from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
+from tfdist.data.factory import SCHEMES, make_source
+from tfdist.data.files import expand_files
+from tfdist.data.pipeline import (DatasetFn, distribute_dataset, make_dataset_fn,
+                                  per_replica_batch_size)
+from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
+from tfdist.data.source import ArraySource, SequenceSource, Source
+from tfdist.data.text import TextSource
+from tfdist.data.tfds_source import DatasetNotPreparedError, TFDSSource
+from tfdist.data.tfrecord import TFRecordSource, write_text_tfrecords, write_token_tfrecords
+from tfdist.data.tokens import (BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, SEP_ID, ByteVocabulary,
+                                language_model_pair, pack_windows, pad_or_truncate)
+
+__all__ = [
+    "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "DatasetFn", "DatasetNotPreparedError",
+    "EOS_ID", "EmbeddedTaskSource", "FILE", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
+    "SEP_ID", "SequenceSource", "ShardPlan", "Source", "TASKS", "TFDSSource", "TFRecordSource",
+    "TextSource", "distribute_dataset", "expand_files", "language_model_pair",
+    "make_dataset_fn", "make_source", "pack_windows", "pad_or_truncate",
+    "per_replica_batch_size", "plan_sharding", "write_text_tfrecords",
+    "write_token_tfrecords",
+]

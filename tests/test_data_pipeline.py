@@ -1,0 +1,231 @@
+"""tfdist.data pipeline: sharding, exactly-once delivery, batching, determinism, cache."""
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecordSource,
+                         distribute_dataset, make_dataset_fn, per_replica_batch_size,
+                         plan_sharding, write_token_tfrecords)
+from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
+
+VOCAB = 1000
+
+
+def id_rows(ids):
+    """Token rows `[BOS, 4 + id, 4 + id, EOS]`: example id = inputs[1] - 4."""
+    return [[BOS_ID, NUM_RESERVED + i, NUM_RESERVED + i, EOS_ID] for i in ids]
+
+
+def ids_of(inputs):
+    return [int(i) - NUM_RESERVED for i in np.asarray(inputs)[:, 1]]
+
+
+@pytest.fixture(scope="module")
+def id_files(tmp_path_factory):
+    """37 examples over 5 TFRecord files (uneven: 8, 8, 7, 7, 7) and 23 in one file."""
+    directory = tmp_path_factory.mktemp("ids")
+    write_token_tfrecords(id_rows(range(37)), str(directory / "many"), num_files=5)
+    write_token_tfrecords(id_rows(range(23)), str(directory / "one"), num_files=1)
+    return directory
+
+
+def make_id_source(kind, directory):
+    if kind == "five_files":
+        return TFRecordSource(str(directory / "many-*.tfrecord"), sequence_length=3,
+                              vocab_size=VOCAB), list(range(37))
+    if kind == "one_file":
+        return TFRecordSource(str(directory / "one-*.tfrecord"), sequence_length=3,
+                              vocab_size=VOCAB), list(range(23))
+    return ArraySource.from_token_rows(id_rows(range(19)), VOCAB), list(range(19))
+
+
+@pytest.fixture(scope="module")
+def mirrored():
+    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+# --- shard decision -----------------------------------------------------------------------
+
+def test_plan_shards_by_file_when_enough_files_else_by_record():
+    assert plan_sharding(5, 2, 0).mode == FILE
+    assert plan_sharding(2, 2, 1).mode == FILE
+    assert plan_sharding(1, 2, 0).mode == RECORD
+    assert plan_sharding(3, 4, 3).mode == RECORD
+    assert plan_sharding(0, 1, 0).mode == RECORD
+    files = ["f0", "f1", "f2", "f3", "f4"]
+    assert plan_sharding(5, 2, 0, files=files).files == ("f0", "f2", "f4")
+    assert plan_sharding(5, 2, 1, files=files).files == ("f1", "f3")
+    assert plan_sharding(1, 2, 1, files=["f0"]).files == ()
+
+
+@pytest.mark.parametrize("args, message", [
+    ((2, 2, 2), r"input_pipeline_id must be in \[0, 2\), got 2"),
+    ((2, 0, 0), r"num_input_pipelines must be >= 1, got 0"),
+    ((-1, 1, 0), r"num_files must be a non-negative integer, got -1"),
+])
+def test_plan_rejects_bad_counts(args, message):
+    with pytest.raises(ValueError, match=message):
+        plan_sharding(*args)
+
+
+@pytest.mark.parametrize("kind, pipelines, mode", [
+    ("five_files", 2, FILE), ("five_files", 5, FILE), ("five_files", 3, FILE),
+    ("five_files", 6, RECORD), ("one_file", 2, RECORD), ("memory", 3, RECORD),
+])
+def test_input_pipelines_partition_the_examples(id_files, kind, pipelines, mode):
+    source, all_ids = make_id_source(kind, id_files)
+    fn = make_dataset_fn(source, 2 * pipelines, training=True, seed=5, repeat=False,
+                         drop_remainder=False)
+    per_pipeline = []
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(pipelines, index, pipelines)
+        per_pipeline.append([i for x, _ in fn(context) for i in ids_of(x)])
+        assert fn.plans[index].mode == mode
+    seen = collections.Counter(i for ids in per_pipeline for i in ids)
+    assert sorted(seen) == all_ids and set(seen.values()) == {1}
+    assert all(per_pipeline), "a pipeline got no examples"
+
+
+def test_shard_mode_is_logged(id_files, caplog, mirrored):
+    source, _ = make_id_source("five_files", id_files)
+    with caplog.at_level(logging.INFO, logger="tfdist.data"):
+        distribute_dataset(mirrored, source, 4, training=False)
+    messages = [r.getMessage() for r in caplog.records if r.name == "tfdist.data"]
+    assert any("sharding by FILE" in m and "per-replica batch 2" in m for m in messages), messages
+
+
+# --- exactly once across 2 replicas (MirroredStrategy on 2 logical CPUs) --------------------
+
+@pytest.mark.parametrize("kind", ["five_files", "one_file", "memory"])
+def test_two_replicas_see_every_example_exactly_once(id_files, mirrored, kind):
+    assert mirrored.num_replicas_in_sync == 2
+    source, all_ids = make_id_source(kind, id_files)
+    dataset = distribute_dataset(mirrored, source, 4, training=True, seed=1, repeat=False,
+                                 drop_remainder=False)
+    per_replica = [[], []]
+    for inputs, targets in dataset:
+        for replica, (x, y) in enumerate(zip(mirrored.experimental_local_results(inputs),
+                                             mirrored.experimental_local_results(targets))):
+            assert x.shape[0] <= 2 and x.dtype == tf.int32
+            np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])
+            per_replica[replica].extend(ids_of(x))
+    assert all(per_replica), f"a replica got no examples: {per_replica}"
+    seen = collections.Counter(per_replica[0] + per_replica[1])
+    assert sorted(seen) == all_ids and set(seen.values()) == {1}
+
+
+# --- batching ---------------------------------------------------------------------------
+
+def test_global_batch_not_divisible_by_replicas_is_an_error(mirrored):
+    source = ArraySource.from_token_rows(id_rows(range(10)), VOCAB)
+    with pytest.raises(ValueError, match=r"global_batch_size=5 .*number of replicas \(2\)"):
+        distribute_dataset(mirrored, source, 5)
+    fn = make_dataset_fn(source, 6)
+    with pytest.raises(ValueError, match=r"global_batch_size=6 .*replicas \(4\).*4 or 8"):
+        fn(tf.distribute.InputContext(1, 0, num_replicas_in_sync=4))
+    assert per_replica_batch_size(64, 4) == 16
+
+
+def test_per_replica_batches_have_static_shape_and_drop_the_remainder():
+    source = ArraySource.from_token_rows(id_rows(range(11)), VOCAB)
+    fn = make_dataset_fn(source, 8, training=False)
+    dataset = fn(tf.distribute.InputContext(1, 0, num_replicas_in_sync=4))
+    assert dataset.element_spec[0].shape.as_list() == [2, 3]
+    assert [ids_of(x) for x, _ in dataset] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+def test_repeat_defaults_to_training():
+    source = ArraySource.from_token_rows(id_rows(range(8)), VOCAB)
+    train = make_dataset_fn(source, 4)(None)
+    evaluate = make_dataset_fn(source, 4, training=False)(None)
+    assert train.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
+    assert evaluate.cardinality().numpy() == 2
+
+
+# --- determinism --------------------------------------------------------------------------
+
+def first_ids(fn, batches):
+    return [i for x, _ in fn(None).take(batches) for i in ids_of(x)]
+
+
+@pytest.mark.parametrize("kind", ["five_files", "memory"])
+def test_same_seed_gives_the_same_order(id_files, kind):
+    source, all_ids = make_id_source(kind, id_files)
+    batches = 3 * len(all_ids) // 4  # three epochs through the repeat
+
+    def run(seed):
+        fn = make_dataset_fn(source, 4, seed=seed, deterministic=True, shuffle_buffer=64)
+        return first_ids(fn, batches)
+
+    first, again, other = run(7), run(7), run(8)
+    assert first == again
+    assert first != other
+    assert sorted(first[:len(all_ids)]) != first[:len(all_ids)]  # it did shuffle
+    assert first[:len(all_ids)] != first[len(all_ids):2 * len(all_ids)]  # reshuffled per epoch
+
+
+# --- cache and augment (the plug-in points an image source uses) ----------------------------
+
+class NoisySource(Source):
+    """Decode adds random noise (so a cache is observable); augment adds a random draw."""
+
+    def read_all(self):
+        return tf.data.Dataset.range(6)
+
+    def decode(self, record):
+        return {"id": record, "value": tf.random.uniform([])}
+
+    def augment(self, example):
+        return dict(example, augment=tf.random.uniform([]))
+
+
+def two_epochs(fn):
+    """Per epoch: {id: {key: value}} over one pass of the (non-repeated) dataset."""
+    dataset = fn(None)
+    result = []
+    for _ in range(2):
+        epoch = {}
+        for batch in dataset:
+            for row in range(batch["id"].shape[0]):
+                epoch[int(batch["id"][row])] = {k: float(v[row]) for k, v in batch.items()
+                                                if k != "id"}
+        assert sorted(epoch) == list(range(6))
+        result.append(epoch)
+    return result
+
+
+def test_cache_keeps_decoded_examples():
+    first, second = two_epochs(make_dataset_fn(NoisySource(), 2, training=False, cache=True))
+    assert first == second
+    first, second = two_epochs(make_dataset_fn(NoisySource(), 2, training=False))
+    assert first != second
+
+
+def test_augment_runs_after_the_cache_and_in_training_only(tmp_path):
+    fn = make_dataset_fn(NoisySource(), 2, training=True, repeat=False,
+                         cache=str(tmp_path / "cache"))
+    first, second = two_epochs(fn)
+    assert [first[i]["value"] for i in range(6)] == [second[i]["value"] for i in range(6)]
+    assert [first[i]["augment"] for i in range(6)] != [second[i]["augment"] for i in range(6)]
+    assert list(tmp_path.glob("cache.pipeline-000-of-001*"))
+    evaluation, _ = two_epochs(make_dataset_fn(NoisySource(), 2, training=False))
+    assert all("augment" not in e for e in evaluation.values())
+
+
+def test_text_source_windows_partition_across_pipelines(tmp_path):
+    (tmp_path / "a.txt").write_text("".join(f"line {i:03d}\n" for i in range(150)))
+    source = TextSource(str(tmp_path / "*.txt"), sequence_length=8, pack=False)
+    fn = make_dataset_fn(source, 1, training=True, repeat=False, drop_remainder=False)
+    lines = []
+    for index in range(2):
+        mine = []
+        for inputs, targets in fn(tf.distribute.InputContext(2, index, 1)):
+            mine.append(source.vocabulary.decode(np.concatenate(
+                [inputs.numpy()[0, :1], targets.numpy()[0]])).decode())
+        assert fn.plans[index].mode == RECORD and mine
+        lines += mine
+    assert sorted(lines) == [f"line {i:03d}\n" for i in range(150)]

@@ -1,0 +1,255 @@
+"""The Source interface: where records come from and how they become examples.
+
+A source knows its data; the pipeline (`tfdist.data.pipeline`) knows
+distribution. The pipeline asks the source for the records of one shard
+(`read`), maps `decode` over them in parallel, lets the source regroup them
+into examples (`to_examples`, e.g. packing text into fixed windows), then
+caches, shuffles, applies the optional training-only `augment`, repeats,
+batches and prefetches.
+
+To add a source (images, audio, ...), subclass `Source` and implement either
+`read_file` (file-backed: the base class then handles file and record
+sharding) or `read_all` (in-memory: records are sharded), plus `decode`.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist.data import sharding
+from tfdist.data.tokens import PAD_ID, language_model_pair, pack_windows, pad_or_truncate
+
+
+class Source:
+    """Base class of all input sources.
+
+    Attributes:
+        files: tuple of file paths in a fixed order (empty for in-memory
+            sources). Sources that manage their own files (TFDS) leave it
+            empty and override `num_files` and `read`.
+        augment: `None`, or a method `augment(example) -> example` that the
+            pipeline maps over examples in training only, after the cache
+            (so random augmentations differ per epoch).
+        keep_record_order: consecutive records belong together (lines of a
+            text packed into windows): files of a shard are read one after
+            the other and `decode` keeps the order, even when the pipeline
+            is not deterministic. Default False (records are independent).
+
+    Example (an in-memory source of squares):
+
+    >>> class Squares(Source):
+    ...     def read_all(self):
+    ...         return tf.data.Dataset.range(10)
+    ...     def decode(self, record):
+    ...         return record, record * record
+    """
+
+    files = ()
+    augment = None
+    keep_record_order = False
+
+    @property
+    def num_files(self):
+        """Number of independently readable files (0 for in-memory sources)."""
+        return len(self.files)
+
+    @property
+    def num_examples(self):
+        """Number of examples in the whole source, or None when unknown."""
+        return None
+
+    def read_file(self, path):
+        """Returns the records of one file as a `tf.data.Dataset`.
+
+        Args:
+            path: scalar `tf.string` tensor, one entry of `files`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not read files.")
+
+    def read_all(self):
+        """Returns every record of the source, always in the same order.
+
+        The default reads `files` one after the other. Record sharding keeps
+        every N-th record of this stream, so its order must be identical in
+        every worker (no parallel, non-deterministic interleaving here).
+        """
+        if not self.files:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no files: implement read_all() or read_file().")
+        return tf.data.Dataset.from_tensor_slices(list(self.files)).flat_map(self.read_file)
+
+    def read(self, plan, *, shuffle_files=False, seed=None):
+        """Returns the raw records of one input pipeline's shard.
+
+        Args:
+            plan: a `tfdist.data.sharding.ShardPlan`.
+            shuffle_files: shuffle the order of this shard's files (file
+                mode only; reshuffled every epoch).
+            seed: seed of that shuffle, or None.
+
+        Example:
+
+        >>> plan = sharding.plan_sharding(source.num_files, 2, 0, files=source.files)
+        >>> records = source.read(plan)
+        """
+        if plan.mode == sharding.FILE:
+            files = list(plan.files)
+            if not files:
+                raise ValueError(f"{type(self).__name__}: file-sharding plan lists no files.")
+            dataset = tf.data.Dataset.from_tensor_slices(files)
+            if shuffle_files and len(files) > 1:
+                dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            if self.keep_record_order:
+                return dataset.flat_map(self.read_file)
+            return dataset.interleave(
+                self.read_file, cycle_length=min(len(files), 8), block_length=1,
+                num_parallel_calls=tf.data.AUTOTUNE)
+        if plan.mode == sharding.RECORD:
+            return self.read_all().shard(plan.count, plan.index)
+        raise ValueError(f"Unknown shard mode {plan.mode!r}; expected one of {sharding.MODES}.")
+
+    def decode(self, record):
+        """Maps one raw record to a parsed element (run in parallel). Identity by default."""
+        return record
+
+    def to_examples(self, dataset):
+        """Regroups decoded elements into examples (dataset-level). Identity by default."""
+        return dataset
+
+    def describe(self):
+        """Returns a one-line description of the source for logs."""
+        return type(self).__name__
+
+
+class SequenceSource(Source):
+    """A source of `(inputs, targets)` int32 token vectors of a fixed length.
+
+    Subclasses set `vocab_size`, `sequence_length` and `pack`, and make
+    `decode` return a 1-D int32 token vector (a document) or an int32
+    `tf.RaggedTensor` `[documents, None]` (a block of documents, when records
+    are blocks: cheaper per token). `to_examples` then either packs the
+    documents into consecutive windows of `sequence_length + 1` tokens
+    (`pack=True`) or cuts/pads each document to that length (`pack=False`),
+    and splits each window into `(inputs, targets)`.
+
+    Build a model from a source with `source.vocab_size` and
+    `source.sequence_length`; positions whose target is 0 are padding.
+
+    Example:
+
+    >>> source = make_source("text:/data/*.txt", sequence_length=64)
+    >>> config = transformer_config("tiny", vocab_size=source.vocab_size,
+    ...                             max_len=source.sequence_length)
+    """
+
+    vocab_size = None
+    sequence_length = None
+    pack = True
+
+    def to_examples(self, dataset):
+        """Turns a dataset of token vectors into `(inputs, targets)` examples."""
+        window = self.sequence_length + 1
+        blocks = isinstance(dataset.element_spec, tf.RaggedTensorSpec)
+        if self.pack:
+            if blocks:
+                dataset = dataset.map(lambda docs: docs.flat_values)
+            dataset = pack_windows(dataset, window)
+        elif blocks:
+            dataset = dataset.map(
+                lambda docs: docs.to_tensor(default_value=PAD_ID, shape=[None, window]),
+                num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+        else:
+            dataset = dataset.map(lambda tokens: pad_or_truncate(tokens, window),
+                                  num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.map(language_model_pair, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def chance(self):
+        """Returns the loss/accuracy of a model that cannot learn, or None if unknown.
+
+        Sources whose answers are determined by their prompts (the embedded
+        tasks) return a `tfdist.data.embedded.Chance`.
+        """
+        return None
+
+    def describe(self):
+        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, "
+                f"sequence_length={self.sequence_length})")
+
+
+class ArraySource(SequenceSource):
+    """An in-memory source of ready `(inputs, targets)` token arrays.
+
+    In-memory sources have no files, so they are always sharded by record.
+
+    Args:
+        inputs: int array `[num_examples, sequence_length]`.
+        targets: int array of the same shape; 0 marks positions that do not
+            count in the loss.
+        vocab_size: number of token ids (every id must be below it).
+
+    Raises:
+        ValueError: shapes differ, are not 2-D, or an id is out of range.
+
+    Example:
+
+    >>> tokens = np.array([[1, 4, 5, 3], [1, 6, 7, 3]])
+    >>> source = ArraySource.from_token_rows(tokens, vocab_size=8)
+    >>> source.sequence_length, source.num_examples
+    (3, 2)
+    """
+
+    pack = False
+
+    def __init__(self, inputs, targets, vocab_size):
+        inputs = np.asarray(inputs)
+        targets = np.asarray(targets)
+        if inputs.ndim != 2 or inputs.shape != targets.shape:
+            raise ValueError("inputs and targets must be 2-D arrays of the same shape "
+                             f"[num_examples, sequence_length]; got {inputs.shape} and "
+                             f"{targets.shape}.")
+        if inputs.shape[0] == 0:
+            raise ValueError("ArraySource needs at least one example, got 0.")
+        if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}.")
+        for name, array in (("inputs", inputs), ("targets", targets)):
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= vocab_size:
+                raise ValueError(f"{name} hold ids in [{low}, {high}], outside "
+                                 f"[0, vocab_size={vocab_size}).")
+        self.inputs = inputs.astype(np.int32)
+        self.targets = targets.astype(np.int32)
+        self.vocab_size = int(vocab_size)
+        self.sequence_length = int(inputs.shape[1])
+
+    @classmethod
+    def from_token_rows(cls, tokens, vocab_size):
+        """Builds a source from `[N, L + 1]` token rows (inputs = row[:-1], targets = row[1:]).
+
+        Args:
+            tokens: int array `[num_examples, sequence_length + 1]`.
+            vocab_size: number of token ids.
+
+        Example:
+
+        >>> ArraySource.from_token_rows([[1, 4, 3]], vocab_size=5).targets.tolist()
+        [[4, 3]]
+        """
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise ValueError(f"tokens must be a 2-D array with at least 2 columns, got shape "
+                             f"{tokens.shape}.")
+        return cls(tokens[:, :-1], tokens[:, 1:], vocab_size)
+
+    @property
+    def num_examples(self):
+        return int(self.inputs.shape[0])
+
+    def read_all(self):
+        return tf.data.Dataset.from_tensor_slices((self.inputs, self.targets))
+
+    def to_examples(self, dataset):
+        return dataset
+
+    def describe(self):
+        return (f"{type(self).__name__}({self.num_examples} examples in memory, "
+                f"vocab_size={self.vocab_size}, sequence_length={self.sequence_length})")
+

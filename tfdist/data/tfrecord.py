@@ -1,0 +1,202 @@
+"""TFRecord sources (token ids or text) and writers for token/text TFRecords."""
+
+import logging
+import posixpath
+
+import tensorflow as tf
+
+from tfdist.data.files import expand_files
+from tfdist.data.source import SequenceSource
+from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED, ByteVocabulary
+
+logger = logging.getLogger("tfdist.data")
+
+FORMATS = ("tokens", "text", "raw")
+DEFAULT_FEATURES = {"tokens": "tokens", "text": "text", "raw": None}
+
+
+class TFRecordSource(SequenceSource):
+    """Sequences stored in TFRecord files.
+
+    Formats:
+
+    * `"tokens"`: `tf.train.Example`s with an int64 list feature of token ids
+      (written by `write_token_tfrecords`). One record is one example, cut or
+      right-padded to `sequence_length + 1` tokens (`pack=False`, default for
+      this format), or records are concatenated and cut into windows
+      (`pack=True`).
+    * `"text"`: `tf.train.Example`s with a bytes feature holding UTF-8 text
+      (written by `write_text_tfrecords`).
+    * `"raw"`: each record is itself UTF-8 text.
+
+    Text is tokenised per byte as `[BOS] bytes [EOS]` and packed into windows
+    (`pack=True`, default for text).
+
+    Args:
+        files: glob, comma-separated globs, or list of paths.
+        sequence_length: tokens per example (inputs and targets each).
+        format: `"tokens"`, `"text"` or `"raw"`.
+        feature: name of the feature holding the tokens/text (default
+            `"tokens"` / `"text"`; unused for `"raw"`).
+        vocab_size: for `"tokens"`: number of token ids. None scans the files
+            once for the largest id (pass it to avoid that pass).
+        vocabulary: for text formats, a `ByteVocabulary` (default: all bytes).
+        pack: see above; None picks the format's default.
+        compression_type: `""`, `"GZIP"` or `"ZLIB"`.
+
+    Raises:
+        FileNotFoundError: the pattern matches no file.
+        ValueError: unknown format, or bad sizes.
+
+    Example:
+
+    >>> paths = write_token_tfrecords([[1, 5, 6, 3]] * 100, "/tmp/toy", num_files=4)
+    >>> source = TFRecordSource("/tmp/toy-*.tfrecord", sequence_length=3, vocab_size=8)
+    """
+
+    def __init__(self, files, sequence_length=128, *, format="tokens", feature=None,
+                 vocab_size=None, vocabulary=None, pack=None, compression_type=""):
+        if format not in FORMATS:
+            raise ValueError(f"Unknown TFRecord format {format!r}; valid formats: "
+                             f"{', '.join(FORMATS)}.")
+        if not isinstance(sequence_length, int) or sequence_length < 1:
+            raise ValueError(f"sequence_length must be a positive integer, got {sequence_length!r}.")
+        self.files = expand_files(files)
+        self.format = format
+        self.feature = feature if feature is not None else DEFAULT_FEATURES[format]
+        self.sequence_length = sequence_length
+        self.compression_type = compression_type or ""
+        self.pack = (format != "tokens") if pack is None else bool(pack)
+        if format == "tokens":
+            if vocabulary is not None:
+                raise ValueError("vocabulary applies to text formats; for format='tokens' pass "
+                                 "vocab_size.")
+            if vocab_size is None:
+                vocab_size = self._scan_vocab_size()
+            if not isinstance(vocab_size, int) or vocab_size <= NUM_RESERVED:
+                raise ValueError(f"vocab_size must be an integer > {NUM_RESERVED}, got "
+                                 f"{vocab_size!r}.")
+            self.vocab_size = vocab_size
+            self.vocabulary = None
+        else:
+            if vocab_size is not None:
+                raise ValueError("vocab_size applies to format='tokens'; text formats take "
+                                 "vocabulary=ByteVocabulary(...).")
+            self.vocabulary = vocabulary or ByteVocabulary()
+            self.vocab_size = self.vocabulary.vocab_size
+
+    def read_file(self, path):
+        return tf.data.TFRecordDataset(path, compression_type=self.compression_type)
+
+    def read_all(self):
+        # Sequential, in file order: identical in every worker (record sharding).
+        return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
+
+    def _ids(self, record):
+        if self.format == "raw":
+            text = record
+        elif self.format == "text":
+            parsed = tf.io.parse_single_example(
+                record, {self.feature: tf.io.FixedLenFeature([], tf.string)})
+            text = parsed[self.feature]
+        else:
+            parsed = tf.io.parse_single_example(
+                record, {self.feature: tf.io.VarLenFeature(tf.int64)})
+            return tf.cast(parsed[self.feature].values, tf.int32)
+        return tf.concat([[BOS_ID], self.vocabulary.encode(text), [EOS_ID]], axis=0)
+
+    def decode(self, record):
+        ids = self._ids(record)
+        if self.format == "tokens":
+            tf.debugging.assert_less(
+                ids, self.vocab_size,
+                message=f"A token id in {self.feature!r} is >= vocab_size={self.vocab_size}")
+            tf.debugging.assert_non_negative(ids, message="Negative token id in TFRecord")
+        return ids
+
+    def _scan_vocab_size(self):
+        logger.info("TFRecordSource: scanning %d file(s) for the largest token id "
+                    "(pass vocab_size= to skip this pass).", len(self.files))
+        largest = self.read_all().map(
+            lambda r: tf.reduce_max(tf.concat([self._ids(r), [0]], 0)),
+            num_parallel_calls=tf.data.AUTOTUNE).reduce(tf.constant(0), tf.maximum)
+        return max(int(largest) + 1, NUM_RESERVED + 1)
+
+    def describe(self):
+        return (f"TFRecordSource({len(self.files)} file(s), format={self.format!r}, "
+                f"feature={self.feature!r}, vocab_size={self.vocab_size}, "
+                f"sequence_length={self.sequence_length}, pack={self.pack})")
+
+
+def _shard_paths(output_prefix, num_files):
+    if not isinstance(num_files, int) or num_files < 1:
+        raise ValueError(f"num_files must be a positive integer, got {num_files!r}.")
+    directory = posixpath.dirname(output_prefix)
+    if directory:
+        tf.io.gfile.makedirs(directory)
+    return [f"{output_prefix}-{i:05d}-of-{num_files:05d}.tfrecord" for i in range(num_files)]
+
+
+def _write(examples, output_prefix, num_files):
+    paths = _shard_paths(output_prefix, num_files)
+    writers = [tf.io.TFRecordWriter(path) for path in paths]
+    try:
+        for i, example in enumerate(examples):
+            writers[i % num_files].write(example.SerializeToString())
+    finally:
+        for writer in writers:
+            writer.close()
+    return paths
+
+
+def write_token_tfrecords(sequences, output_prefix, num_files=1, feature="tokens"):
+    """Writes token-id sequences as `tf.train.Example`s, round-robin over files.
+
+    Files are named `{output_prefix}-00000-of-0000N.tfrecord`; record `i` goes
+    to file `i % num_files`.
+
+    Args:
+        sequences: iterable of int sequences (token ids >= 0).
+        output_prefix: path prefix of the files (directories are created).
+        num_files: number of files to spread the records over.
+        feature: name of the int64 list feature.
+
+    Returns:
+        The list of written paths.
+
+    Example:
+
+    >>> write_token_tfrecords([[1, 4, 5, 3], [1, 6, 3]], "/tmp/tok", num_files=2)
+    ['/tmp/tok-00000-of-00002.tfrecord', '/tmp/tok-00001-of-00002.tfrecord']
+    """
+    def examples():
+        for sequence in sequences:
+            ids = [int(t) for t in sequence]
+            yield tf.train.Example(features=tf.train.Features(feature={
+                feature: tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}))
+    return _write(examples(), output_prefix, num_files)
+
+
+def write_text_tfrecords(texts, output_prefix, num_files=1, feature="text"):
+    """Writes texts as `tf.train.Example`s with one bytes feature, round-robin over files.
+
+    Args:
+        texts: iterable of `str` (UTF-8 encoded) or `bytes`.
+        output_prefix: path prefix of the files (directories are created).
+        num_files: number of files to spread the records over.
+        feature: name of the bytes feature.
+
+    Returns:
+        The list of written paths.
+
+    Example:
+
+    >>> write_text_tfrecords(["hello", "world"], "/tmp/txt")
+    ['/tmp/txt-00000-of-00001.tfrecord']
+    """
+    def examples():
+        for text in texts:
+            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+            yield tf.train.Example(features=tf.train.Features(feature={
+                feature: tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))}))
+    return _write(examples(), output_prefix, num_files)
