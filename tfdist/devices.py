@@ -28,8 +28,8 @@ def gpu_count():
 def split_cpu_into_logical_devices(count):
     """Splits the first physical CPU into `count` logical CPU devices.
 
-    Idempotent: when the CPU is already split into exactly `count` devices
-    nothing happens. Must be called before TensorFlow initialises its runtime
+    Idempotent: when the CPU already has exactly `count` logical devices
+    nothing happens. It does not initialise TensorFlow itself. Must be called before TensorFlow initialises its runtime
     (before the first op, strategy or variable).
 
     Args:
@@ -55,8 +55,12 @@ def split_cpu_into_logical_devices(count):
         )
     cpu = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(cpu)
-    if configured is not None and len(configured) == count:
-        return [d.name for d in tf.config.list_logical_devices("CPU")]
+    names = [f"/device:CPU:{index}" for index in range(count)]
+    # Return without touching the runtime when the layout is already right:
+    # listing logical devices would initialise TensorFlow, after which
+    # MultiWorkerMirroredStrategy can no longer configure collective ops.
+    if (len(configured) if configured else 1) == count:
+        return names
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
@@ -71,4 +75,4 @@ def split_cpu_into_logical_devices(count):
             "tfdist.devices.split_cpu_into_logical_devices() at the top of your "
             "program)."
         ) from error
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
+    return names
