@@ -105,7 +105,7 @@ def wait_until_started(proc, tmp_path, workers):
 
 def test_each_rank_gets_its_tf_config_and_env():
     env = launcher_env(TF_CONFIG='{"cluster": {"worker": ["elsewhere:1"]}}')
-    code, out, err, _ = run(["--workers", "3", "--devices-per-worker", "2"],
+    code, out, err, _ = run(["--workers", "3", "--devices-per-worker", "2", "--startup-timeout", "100"],
                             [PY, script("launch_env.py")], env=env)
     assert code == 0, err
     assert "TF_CONFIG from the environment is replaced" in err
@@ -130,6 +130,8 @@ def test_each_rank_gets_its_tf_config_and_env():
         assert env_seen["TFDIST_WORLD_SIZE"] == "3"
         assert env_seen["TFDIST_DEVICES_PER_WORKER"] == "2"
         assert env_seen["PYTHONUNBUFFERED"] == "1"
+        # Workers give up before the launcher does, so they can name the missing peer.
+        assert env_seen["TFDIST_STARTUP_TIMEOUT"] == "90"
         ready_files.add(env_seen["TFDIST_READY_FILE"])
     assert len(ready_files) == 3
     (ready_dir,) = {os.path.dirname(path) for path in ready_files}

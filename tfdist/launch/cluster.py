@@ -82,12 +82,28 @@ def cluster_spec(host, ports):
     return {"worker": [address(host, port) for port in ports]}
 
 
-def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None):
+def worker_startup_timeout(startup_timeout):
+    """The start-up deadline given to workers: 90% of the launcher's (at most
+    30 s less), so that a worker reports which peer it waited for before the
+    launcher gives up on it. None when the launcher has no deadline.
+
+    Example:
+
+    >>> worker_startup_timeout(300.0), worker_startup_timeout(20.0)
+    (270.0, 18.0)
+    """
+    if not startup_timeout:
+        return None
+    return max(startup_timeout * 0.9, startup_timeout - 30.0)
+
+
+def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, startup_timeout=None):
     """Returns the environment of worker `rank`: `base_env` plus tfdist's vars.
 
     Sets TF_CONFIG (worker 0 is the chief), TFDIST_RANK, TFDIST_WORLD_SIZE,
     TFDIST_READY_FILE, PYTHONUNBUFFERED=1 and, when given,
-    TFDIST_DEVICES_PER_WORKER. `base_env` is not modified.
+    TFDIST_DEVICES_PER_WORKER and TFDIST_STARTUP_TIMEOUT (read by
+    `tfdist.strategy.create_strategy`). `base_env` is not modified.
 
     Args:
         base_env: the environment to start from (a mapping of str to str).
@@ -95,6 +111,7 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None):
         rank: this worker's index in `cluster["worker"]`.
         ready_file: the path the worker creates once it is up.
         devices_per_worker: devices each worker should use, or None.
+        startup_timeout: the workers' own start-up deadline in seconds, or None.
 
     Example:
 
@@ -111,4 +128,6 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None):
     env["PYTHONUNBUFFERED"] = "1"
     if devices_per_worker is not None:
         env["TFDIST_DEVICES_PER_WORKER"] = str(devices_per_worker)
+    if startup_timeout is not None:
+        env["TFDIST_STARTUP_TIMEOUT"] = f"{startup_timeout:g}"
     return env

@@ -104,8 +104,9 @@ def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
     try:
         ready_files = [os.path.join(ready_dir, f"worker-{rank}.ready")
                        for rank in range(workers)]
+        worker_deadline = cluster_lib.worker_startup_timeout(startup_timeout)
         envs = [cluster_lib.worker_env(base_env, cluster, rank, ready_files[rank],
-                                       devices_per_worker)
+                                       devices_per_worker, worker_deadline)
                 for rank in range(workers)]
         err.write_line(MESSAGE_PREFIX + f"starting {workers} worker(s) on "
                        f"{', '.join(cluster['worker'])}: {shlex.join(command)}")
