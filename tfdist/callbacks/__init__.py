@@ -1,12 +1,22 @@
 """tfdist.callbacks: Keras callbacks for distributed training.
 
 Each is a plain `keras.callbacks.Callback`, so it works in tfdist's `Trainer`
-and in any app's own `model.fit`.
+and in any app's own `model.fit`; each is multi-worker safe (only the chief
+writes, every worker computes the same values).
 
-    from tfdist.callbacks import ThroughputMeter, LearningRateLogger
+    from tfdist.callbacks import ThroughputMeter, LearningRateLogger, NanGuard
 """
 
+from tfdist.callbacks.chief import is_chief, task_info
+from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
 from tfdist.callbacks.learning_rate import LearningRateLogger, LearningRateScheduleCallback
+from tfdist.callbacks.memory import DeviceMemoryMonitor, MemoryUsageWarning
+from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
+from tfdist.callbacks.profiler import ProfilerWindow
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
 
-__all__ = ["LearningRateLogger", "LearningRateScheduleCallback", "ThroughputMeter", "format_summary"]
+__all__ = [
+    "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
+    "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "ProfilerWindow", "ThroughputMeter",
+    "format_summary", "is_chief", "make_logging_callbacks", "task_info",
+]

@@ -1,0 +1,332 @@
+"""Device and host memory figures in the training logs, with limit warnings."""
+
+import resource
+import sys
+import warnings
+
+import keras
+import tensorflow as tf
+
+MB = 1024 * 1024
+"""Bytes in the "MB" of the logged figures (a mebibyte, 2**20 bytes)."""
+
+
+class MemoryUsageWarning(UserWarning):
+    """A memory figure passed the configured fraction of its limit."""
+
+
+class DeviceMemoryMonitor(keras.callbacks.Callback):
+    """Puts GPU and host memory use into the logs and warns near the limits.
+
+    At every epoch end (and, with `batch_freq=N`, every N-th training batch)
+    the logs gain, in MB (2**20 bytes):
+
+    * `host_rss_mb`: this process's resident memory now (`VmRSS` from
+      `/proc/self/status`; absent where there is no `/proc`);
+    * `host_peak_rss_mb`: its peak resident memory since the process started
+      (`resource.getrusage(RUSAGE_SELF).ru_maxrss`, or `VmHWM` if larger);
+    * for every visible GPU `i`: `gpu{i}_current_mb` and `gpu{i}_peak_mb`,
+      from `tf.config.experimental.get_memory_info("GPU:i")`. With
+      `reset_peak_each_epoch=True` the GPU peak is reset
+      (`tf.config.experimental.reset_memory_stats`) at every epoch start, so
+      the epoch figure is that epoch's peak.
+
+    On a machine without GPUs there are no `gpu*` keys and no GPU calls.
+    Callbacks after this one in the list (`CSVLogger`, `TensorBoard`,
+    `History`, the progress bar) see the figures.
+
+    A `MemoryUsageWarning` is issued when `host_rss_mb` or a `gpu{i}_peak_mb`
+    passes `warn_fraction` of its limit, once per crossing: it warns again
+    only after the figure has gone back below the threshold. Limits:
+    `host_limit_mb`, else the smaller of `MemTotal` in `/proc/meminfo` and
+    the cgroup memory limit (containers); `gpu_limit_mb`, else the memory
+    limit TensorFlow gave the GPU (a logical device's `memory_limit`, or
+    the allocator limit of the physical device). A figure without a known
+    limit is logged but never warned about.
+
+    Multi-worker: nothing is written to disk; every worker logs and checks
+    its own process's memory (the figures are per process, not reduced
+    across workers), so a worker close to its limit warns on its own output.
+
+    Args:
+        warn_fraction: warn when a figure passes this fraction of its limit,
+            a number in (0, 1]; None never warns.
+        host_limit_mb: the host memory limit in MB, or None to detect it.
+        gpu_limit_mb: the memory limit in MB of each GPU, or None to detect
+            it.
+        batch_freq: also log into the batch logs every this many training
+            batches (an int >= 1), or None for epoch logs only. Reading the
+            figures does not synchronise with the devices.
+        gpus: indices of the GPUs to watch (as in "GPU:0"), or None for
+            every GPU TensorFlow sees.
+        reset_peak_each_epoch: reset the GPU peak at every epoch start.
+
+    Example:
+
+    >>> monitor = DeviceMemoryMonitor(warn_fraction=0.9, batch_freq=100)
+    >>> history = model.fit(dataset, epochs=3,
+    ...                     callbacks=[monitor, keras.callbacks.CSVLogger("log.csv")])
+    >>> history.history["host_peak_rss_mb"]
+    """
+
+    def __init__(self, warn_fraction=0.9, host_limit_mb=None, gpu_limit_mb=None,
+                 batch_freq=None, gpus=None, reset_peak_each_epoch=True):
+        super().__init__()
+        if warn_fraction is not None and not (
+                _is_number(warn_fraction) and 0 < warn_fraction <= 1):
+            raise ValueError(
+                f"warn_fraction must be a number in (0, 1] or None, got {warn_fraction!r}.")
+        for name, value in (("host_limit_mb", host_limit_mb), ("gpu_limit_mb", gpu_limit_mb)):
+            if value is not None and not (_is_number(value) and value > 0):
+                raise ValueError(f"{name} must be a number of MB > 0 or None, got {value!r}.")
+        if batch_freq is not None and not (
+                isinstance(batch_freq, int) and not isinstance(batch_freq, bool)
+                and batch_freq >= 1):
+            raise ValueError(f"batch_freq must be an integer >= 1 or None, got {batch_freq!r}.")
+        if gpus is not None:
+            gpus = list(gpus)
+            bad = [g for g in gpus if not isinstance(g, int) or isinstance(g, bool) or g < 0]
+            if bad:
+                raise ValueError(
+                    f"gpus must be GPU indices (integers >= 0) or None, got {gpus!r}.")
+        self.warn_fraction = warn_fraction
+        self.host_limit_mb = host_limit_mb
+        self.gpu_limit_mb = gpu_limit_mb
+        self.batch_freq = batch_freq
+        self.gpus = gpus
+        self.reset_peak_each_epoch = reset_peak_each_epoch
+        self.limits = {}
+        self._gpu_indices = None
+        self._over = set()
+        if batch_freq is not None:
+            # Only then: a batch hook turns off Keras's asynchronous batch-end dispatch.
+            self.on_train_batch_end = self._on_train_batch_end
+
+    @property
+    def gpu_indices(self):
+        """Indices of the GPUs this monitor watches ([] without GPUs).
+
+        Example:
+
+        >>> DeviceMemoryMonitor().gpu_indices  # on a CPU-only machine
+        []
+        """
+        if self._gpu_indices is None:
+            visible = list(range(len(tf.config.list_logical_devices("GPU"))))
+            if self.gpus is None:
+                self._gpu_indices = visible
+            else:
+                missing = [g for g in self.gpus if g not in visible]
+                if missing:
+                    raise ValueError(
+                        f"DeviceMemoryMonitor was asked to watch GPU(s) {missing}, but this "
+                        f"process sees {len(visible)} GPU(s) (indices {visible}). Pass "
+                        "gpus=None to watch whatever GPUs exist.")
+                self._gpu_indices = list(self.gpus)
+        return self._gpu_indices
+
+    def read(self):
+        """Returns the current memory figures as a dict of MB values.
+
+        Example:
+
+        >>> DeviceMemoryMonitor().read()
+        {'host_rss_mb': 812.4, 'host_peak_rss_mb': 903.1}
+        """
+        figures = {}
+        rss = host_rss_mb()
+        if rss is not None:
+            figures["host_rss_mb"] = rss
+        figures["host_peak_rss_mb"] = host_peak_rss_mb()
+        for index in self.gpu_indices:
+            info = tf.config.experimental.get_memory_info(f"GPU:{index}")
+            figures[f"gpu{index}_current_mb"] = info["current"] / MB
+            figures[f"gpu{index}_peak_mb"] = info["peak"] / MB
+        return figures
+
+    def check(self, figures):
+        """Warns (`MemoryUsageWarning`) about figures that crossed their threshold.
+
+        Args:
+            figures: a dict from `read()`.
+
+        Returns:
+            The names of the figures that are above their threshold now.
+
+        Example:
+
+        >>> monitor = DeviceMemoryMonitor(host_limit_mb=1)
+        >>> monitor.check(monitor.read())  # warns once
+        ['host_rss_mb']
+        """
+        if self.warn_fraction is None:
+            return []
+        watched = {"host_rss_mb" if "host_rss_mb" in figures else "host_peak_rss_mb":
+                   self._host_limit()}
+        for index in self.gpu_indices:
+            watched[f"gpu{index}_peak_mb"] = self._gpu_limit(index)
+        above = []
+        for name, limit in watched.items():
+            if limit is None or name not in figures:
+                continue
+            value = figures[name]
+            if value > self.warn_fraction * limit:
+                above.append(name)
+                if name not in self._over:
+                    self._over.add(name)
+                    warnings.warn(
+                        f"Memory: {name}={value:.1f} MB is above {self.warn_fraction:.0%} of "
+                        f"its limit of {limit:.1f} MB.", MemoryUsageWarning, stacklevel=2)
+            else:
+                self._over.discard(name)
+        return above
+
+    def on_train_begin(self, logs=None):
+        self._gpu_indices = None
+        _ = self.gpu_indices  # validates `gpus` before the first step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.reset_peak_each_epoch:
+            for index in self.gpu_indices:
+                tf.config.experimental.reset_memory_stats(f"GPU:{index}")
+
+    def _on_train_batch_end(self, batch, logs=None):
+        if logs is not None and (batch + 1) % self.batch_freq == 0:
+            figures = self.read()
+            self.check(figures)
+            logs.update(figures)
+
+    def on_epoch_end(self, epoch, logs=None):
+        figures = self.read()
+        self.check(figures)
+        if logs is not None:
+            logs.update(figures)
+
+    def get_config(self):
+        return {"warn_fraction": self.warn_fraction, "host_limit_mb": self.host_limit_mb,
+                "gpu_limit_mb": self.gpu_limit_mb, "batch_freq": self.batch_freq,
+                "gpus": self.gpus, "reset_peak_each_epoch": self.reset_peak_each_epoch}
+
+    def _host_limit(self):
+        if self.host_limit_mb is not None:
+            return float(self.host_limit_mb)
+        if "host" not in self.limits:
+            self.limits["host"] = host_memory_limit_mb()
+        return self.limits["host"]
+
+    def _gpu_limit(self, index):
+        if self.gpu_limit_mb is not None:
+            return float(self.gpu_limit_mb)
+        key = f"gpu{index}"
+        if key not in self.limits:
+            self.limits[key] = gpu_memory_limit_mb(index)
+        return self.limits[key]
+
+
+def host_rss_mb():
+    """This process's resident memory in MB now, or None without `/proc`.
+
+    Example:
+
+    >>> host_rss_mb() > 0
+    True
+    """
+    kb = _proc_status_kb("VmRSS")
+    return None if kb is None else kb * 1024 / MB
+
+
+def host_peak_rss_mb():
+    """This process's peak resident memory in MB since it started.
+
+    From `resource.getrusage(RUSAGE_SELF).ru_maxrss`, and `VmHWM` / `VmRSS`
+    in `/proc/self/status` where they exist (whichever is largest, so the
+    peak is never below the current figure).
+
+    Example:
+
+    >>> host_peak_rss_mb() >= host_rss_mb()
+    True
+    """
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kilobytes, macOS bytes.
+    peak = peak / MB if sys.platform == "darwin" else peak * 1024 / MB
+    for field in ("VmHWM", "VmRSS"):
+        kb = _proc_status_kb(field)
+        if kb is not None:
+            peak = max(peak, kb * 1024 / MB)
+    return peak
+
+
+def _proc_status_kb(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_memory_limit_mb():
+    """The memory this process may use in MB: the smaller of the machine's
+    `MemTotal` and the cgroup (container) limit; None when neither is known.
+
+    Example:
+
+    >>> host_memory_limit_mb() > 0
+    True
+    """
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < 2 ** 60:  # "max" or a huge number: no limit
+            limits.append(int(value))
+    return min(limits) / MB if limits else None
+
+
+def gpu_memory_limit_mb(index):
+    """The memory TensorFlow may use on GPU `index`, in MB, or None if unknown.
+
+    A logical GPU made with `memory_limit` reports that limit; otherwise the
+    limit of TensorFlow's allocator on the device.
+
+    Args:
+        index: the GPU index, as in "GPU:0".
+
+    Example:
+
+    >>> gpu_memory_limit_mb(0)  # on a 16 GB GPU
+    15511.0
+    """
+    logical = []  # one entry per logical GPU, in TensorFlow's numbering
+    for device in tf.config.list_physical_devices("GPU"):
+        configs = tf.config.get_logical_device_configuration(device)
+        logical.extend(configs if configs else [None])
+    if index < len(logical) and logical[index] is not None and logical[index].memory_limit:
+        return float(logical[index].memory_limit)
+    try:  # Not a public API, but the one place TF reports a GPU allocator's limit.
+        from tensorflow.python.client import device_lib
+        gpus = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        if index < len(gpus) and gpus[index].memory_limit:
+            return gpus[index].memory_limit / MB
+    except Exception:  # pragma: no cover - depends on the GPU runtime
+        pass
+    return None
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
