@@ -12,11 +12,17 @@ the strategy:
 
 Sequence sources yield `(inputs, targets)` int32 vectors of
 `source.sequence_length`; targets equal to 0 (pad) must not count in the loss.
+
+Image sources (`shapes`, `tfds_images:`, `imagenet_tfrecord:`, `image_folder:`;
+see `tfdist.data.images`) yield `(image, label)`: `[H, W, C]` images in the
+Keras policy's compute dtype and int32 labels in `[0, source.num_classes)`.
 """
 
 from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
-from tfdist.data.factory import SCHEMES, make_source
+from tfdist.data.factory import IMAGE_SCHEMES, SCHEMES, make_source
 from tfdist.data.files import expand_files
+from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
+                                ShapesSource, TFDSImageSource, write_image_tfrecords)
 from tfdist.data.pipeline import (DatasetFn, distribute_dataset, make_dataset_fn,
                                   per_replica_batch_size)
 from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
@@ -29,10 +35,12 @@ from tfdist.data.tokens import (BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, SEP_ID, By
 
 __all__ = [
     "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "DatasetFn", "DatasetNotPreparedError",
-    "EOS_ID", "EmbeddedTaskSource", "FILE", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
+    "EOS_ID", "EmbeddedTaskSource", "FILE", "IMAGE_SCHEMES", "ImageFolderSource",
+    "ImageNetTFRecordSource", "ImageSource", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
+    "ShapesSource", "TFDSImageSource",
     "SEP_ID", "SequenceSource", "ShardPlan", "Source", "TASKS", "TFDSSource", "TFRecordSource",
     "TextSource", "distribute_dataset", "expand_files", "language_model_pair",
     "make_dataset_fn", "make_source", "pack_windows", "pad_or_truncate",
-    "per_replica_batch_size", "plan_sharding", "write_text_tfrecords",
+    "per_replica_batch_size", "plan_sharding", "write_image_tfrecords", "write_text_tfrecords",
     "write_token_tfrecords",
 ]

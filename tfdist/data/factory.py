@@ -2,10 +2,14 @@
 
 from tfdist.data.source import Source
 
-SCHEMES = ("embedded", "tfds", "tfrecord", "text")
+SCHEMES = ("embedded", "tfds", "tfrecord", "text", "shapes", "tfds_images", "imagenet_tfrecord",
+           "image_folder")
+IMAGE_SCHEMES = ("shapes", "tfds_images", "imagenet_tfrecord", "image_folder")
+"""Schemes whose sources are `tfdist.data.images.ImageSource`s: `(image, label)` examples."""
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
-            "text:/data/*.txt")
+            "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",
+            "image_folder:/data/train")
 
 
 def make_source(spec="embedded", **options):
@@ -25,6 +29,24 @@ def make_source(spec="embedded", **options):
     * `"text:GLOB[,GLOB...]"`: plain text files. Options: `sequence_length`,
       `vocabulary` (`bytes`, `build`), `pack`.
 
+    Image classification sources (`IMAGE_SCHEMES`; `(image, label)` examples,
+    see `tfdist.data.images`) also take the `ImageSource` options
+    `train_crop`, `padding`, `crop_fraction`, `flip`, `mean`, `std`,
+    `cache_decoded`, `augment_seed`:
+
+    * `"shapes"`: the embedded drawn-shapes dataset (8 classes, 32x32x3), no
+      download. Options: `num_examples`, `image_size`, `split`, `seed`,
+      `classes`, `noise`.
+    * `"tfds_images:NAME"`: a TFDS image dataset (`tfds_images:cifar10`,
+      `tfds_images:imagenet2012`). Options: `split`, `image_size`,
+      `data_dir`, `download` (default False), `image_key`, `label_key`.
+    * `"imagenet_tfrecord:GLOB[,GLOB...]"`: ImageNet-style TFRecords
+      (`image/encoded`, `image/class/label`). Options: `num_classes`,
+      `image_size`, `label_offset` (default 1), `class_names`,
+      `compression_type`.
+    * `"image_folder:PATH"`: `PATH/CLASS_NAME/*.jpg|png`. Options:
+      `image_size`, `extensions`.
+
     Options whose value is None are ignored, so a recipe can pass its flags
     through unchanged.
 
@@ -42,6 +64,7 @@ def make_source(spec="embedded", **options):
 
     >>> source = make_source("embedded:sort", num_examples=2048)
     >>> source = make_source("tfrecord:/data/train-*.tfrecord", vocab_size=8000)
+    >>> source = make_source("shapes", split="validation")
     """
     options = {key: value for key, value in options.items() if value is not None}
     if isinstance(spec, Source):
@@ -61,6 +84,23 @@ def make_source(spec="embedded", **options):
     if scheme == "embedded":
         from tfdist.data.embedded import EmbeddedTaskSource
         return _construct(EmbeddedTaskSource, spec, rest or DEFAULT_EMBEDDED_TASK, options)
+    if scheme == "shapes":
+        from tfdist.data.images.shapes import ShapesSource
+        if rest:
+            raise ValueError(f"Dataset {spec!r}: 'shapes' takes no argument; pass options "
+                             "instead, e.g. make_source('shapes', num_examples=4096).")
+        return _construct(ShapesSource, spec, None, options, positional=False)
+    if not rest and scheme in _IMAGE_ARGUMENT:
+        raise ValueError(f"Dataset {spec!r} needs {_IMAGE_ARGUMENT[scheme]}.")
+    if scheme == "tfds_images":
+        from tfdist.data.images.tfds_images import TFDSImageSource
+        return _construct(TFDSImageSource, spec, rest, options)
+    if scheme == "imagenet_tfrecord":
+        from tfdist.data.images.imagenet_tfrecord import ImageNetTFRecordSource
+        return _construct(ImageNetTFRecordSource, spec, rest, options)
+    if scheme == "image_folder":
+        from tfdist.data.images.folder import ImageFolderSource
+        return _construct(ImageFolderSource, spec, rest, options)
     if not rest:
         what = "a TFDS name, e.g. 'tfds:imdb_reviews'" if scheme == "tfds" else (
             f"a file pattern, e.g. '{scheme}:/data/*.{'tfrecord' if scheme == 'tfrecord' else 'txt'}'")
@@ -75,9 +115,16 @@ def make_source(spec="embedded", **options):
     return _construct(TextSource, spec, rest, options)
 
 
-def _construct(cls, spec, argument, options):
+_IMAGE_ARGUMENT = {
+    "tfds_images": "a TFDS name, e.g. 'tfds_images:cifar10'",
+    "imagenet_tfrecord": "a file pattern, e.g. 'imagenet_tfrecord:/data/imagenet/train-*'",
+    "image_folder": "a directory, e.g. 'image_folder:/data/train' (holding CLASS_NAME/*.jpg)",
+}
+
+
+def _construct(cls, spec, argument, options, positional=True):
     try:
-        return cls(argument, **options)
+        return cls(argument, **options) if positional else cls(**options)
     except TypeError as error:
         if "unexpected keyword argument" in str(error):
             raise TypeError(f"Bad option for dataset {spec!r} ({cls.__name__}): {error}. "
