@@ -1,0 +1,103 @@
+"""Models, data and strategies shared by the training tests and their worker scripts.
+
+Everything here is deterministic without relying on random seeds: weights and
+data come from numpy `RandomState`s, so a worker process and the test process
+build exactly the same model and batches.
+"""
+
+import itertools
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+FEATURES = 4
+TARGETS = 3
+VOCAB = 11
+SEQ = 6
+
+_key_base = itertools.count(1)
+
+
+def mirrored(num_devices):
+    """A fresh `MirroredStrategy` over the first `num_devices` logical CPUs.
+
+    Each strategy gets its own collective-key range: two MirroredStrategy
+    objects over the same devices in one process otherwise reuse collective
+    instance keys, and a shape mismatch between them aborts all collectives of
+    the process.
+    """
+    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * next(_key_base)
+    try:
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_devices)])
+    finally:
+        tf.distribute.MirroredStrategy._collective_key_base = 0
+
+
+def set_deterministic_weights(model, seed=0):
+    """Overwrites every weight of `model` with values from a fixed RandomState."""
+    rs = np.random.RandomState(seed)
+    model.set_weights([(0.5 * rs.standard_normal(w.shape)).astype(w.dtype)
+                       for w in model.get_weights()])
+
+
+def dense_model(strategy, seed=0, regularized=False, dtype=None):
+    """A tiny regression MLP created and built in `strategy.scope()`."""
+    with strategy.scope():
+        reg = keras.regularizers.L2(0.01) if regularized else None
+        model = keras.Sequential([
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(8, activation="tanh", kernel_regularizer=reg, dtype=dtype),
+            keras.layers.Dense(TARGETS, dtype=dtype),
+        ])
+    set_deterministic_weights(model, seed)
+    return model
+
+
+def token_model(strategy, seed=0):
+    """A tiny masked "language model": Embedding(mask_zero) -> Dense(VOCAB)."""
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((SEQ,), dtype="int32"),
+            keras.layers.Embedding(VOCAB, 8, mask_zero=True),
+            keras.layers.Dense(VOCAB),
+        ])
+    set_deterministic_weights(model, seed)
+    return model
+
+
+def regression_arrays(n=70, seed=1, weighted=False):
+    """`(x, y)` or `(x, y, sample_weight)` numpy arrays; weights in [0, 2), some 0."""
+    rs = np.random.RandomState(seed)
+    x = rs.standard_normal((n, FEATURES)).astype("float32")
+    y = np.tanh(x @ rs.standard_normal((FEATURES, TARGETS))).astype("float32")
+    if not weighted:
+        return x, y
+    sample_weight = rs.uniform(0, 2, size=(n,)).astype("float32")
+    sample_weight[rs.uniform(size=n) < 0.3] = 0.0
+    return x, y, sample_weight
+
+
+def token_arrays(n=40, seed=2):
+    """Padded token sequences (0 = padding) and next-token targets."""
+    rs = np.random.RandomState(seed)
+    lengths = rs.randint(1, SEQ + 1, size=n)
+    tokens = rs.randint(1, VOCAB, size=(n, SEQ)).astype("int32")
+    tokens[np.arange(SEQ)[None, :] >= lengths[:, None]] = 0
+    targets = np.roll(tokens, -1, axis=1)
+    targets[:, -1] = 0
+    return tokens, targets
+
+
+def dataset(arrays, global_batch):
+    """A `tf.data.Dataset` of the arrays batched with the global batch size."""
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(global_batch)
+
+
+def weights_of(model):
+    return [np.array(w) for w in model.get_weights()]
+
+
+def max_rel_diff(a, b):
+    """Largest |a - b| / max(|b|, 1e-6 scale) over lists of arrays."""
+    return max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-6))) for x, y in zip(a, b))

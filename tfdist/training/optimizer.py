@@ -1,0 +1,167 @@
+"""Applying already all-reduced gradients with a Keras 3 optimizer, once.
+
+Keras 3's TensorFlow optimizer sums gradients across replicas itself, inside
+`optimizer.apply` (`_backend_update_step` -> `_all_reduce_sum_gradients`), and
+runs clipping and gradient accumulation *before* that sum, i.e. on each
+replica's partial gradient. tfdist's step sums the gradients itself (so it can
+normalise by the global loss count, clip by the global norm and accumulate
+locally), then hands the optimizer the finished gradient. To keep the
+optimizer from summing a second time, `gradients_already_summed` turns its
+cross-replica sum into the identity while the step is being traced. Everything
+else in `apply` (loss-scale unscaling and the non-finite skip of
+`LossScaleOptimizer`, weight decay, constraints, the iteration counter, the
+mirrored update through `merge_call`) is Keras's own code.
+
+Because `apply` now receives the global gradient, the optimizer's own
+`clipnorm`, `global_clipnorm` and `clipvalue` act on the global gradient too,
+so they are accepted. `gradient_accumulation_steps` is refused: it would
+all-reduce every micro-batch and make learning-rate schedules count
+micro-batches; use `Trainer(grad_accum_steps=K)`.
+"""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+
+
+def optimizer_chain(optimizer):
+    """Returns `[optimizer, inner, ...]`: the optimizer and any optimizers it wraps.
+
+    Args:
+        optimizer: a `keras.optimizers.Optimizer`, possibly a
+            `keras.optimizers.LossScaleOptimizer`.
+
+    Example:
+
+    >>> lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    >>> [type(o).__name__ for o in optimizer_chain(lso)]
+    ['LossScaleOptimizer', 'SGD']
+    """
+    chain = [optimizer]
+    while hasattr(chain[-1], "inner_optimizer"):
+        chain.append(chain[-1].inner_optimizer)
+    return chain
+
+
+def check_optimizer(optimizer, strategy, clip_norm=None):
+    """Raises a teaching error when `optimizer` cannot be used by tfdist's step.
+
+    Args:
+        optimizer: the optimizer given to the `Trainer`.
+        strategy: the `tf.distribute.Strategy` the trainer runs under.
+        clip_norm: the trainer's global-norm clipping threshold, or None.
+
+    Raises:
+        TypeError: not a Keras 3 optimizer.
+        ValueError: created outside `strategy.scope()`, uses Keras's own
+            gradient accumulation, sets its own clipping while `clip_norm`
+            is also given, or overwrites weights with their moving average
+            every few steps under a Mirrored strategy.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     opt = keras.optimizers.SGD(0.1)
+    >>> check_optimizer(opt, strategy)
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"optimizer must be a Keras 3 optimizer instance (keras.optimizers.SGD, "
+            f"Adam, AdamW, ..., or a LossScaleOptimizer), got {optimizer!r} of type "
+            f"{type(optimizer).__name__}. Create it inside strategy.scope()."
+        )
+    for opt in optimizer_chain(optimizer):
+        outside = [v.path for v in opt.variables
+                   if not strategy.extended.variable_created_in_scope(_tf_variable(v))]
+        if outside:
+            raise ValueError(
+                f"The optimizer {opt.name!r} was created outside the scope of the "
+                f"trainer's strategy ({type(strategy).__name__}); its variables "
+                f"{outside} are not distributed by it. Keras optimizers capture the "
+                "strategy when they are constructed: create the optimizer inside "
+                "`with strategy.scope():` (the same strategy you give the Trainer)."
+            )
+        if opt.gradient_accumulation_steps:
+            raise ValueError(
+                f"The optimizer {opt.name!r} has gradient_accumulation_steps="
+                f"{opt.gradient_accumulation_steps}. Keras accumulates inside "
+                "`apply`, all-reducing every micro-batch, and its learning-rate "
+                "schedule then counts micro-batches. Create the optimizer without "
+                "it and pass Trainer(grad_accum_steps="
+                f"{opt.gradient_accumulation_steps}) instead."
+            )
+        mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if opt.use_ema and opt.ema_overwrite_frequency and isinstance(strategy, mirrored):
+            raise ValueError(
+                f"The optimizer {opt.name!r} has use_ema=True with ema_overwrite_frequency="
+                f"{opt.ema_overwrite_frequency}: Keras overwrites the weights inside a "
+                f"conditional that needs a merge_call, which fails under "
+                f"{type(strategy).__name__} (in Keras's own fit too). Drop "
+                "ema_overwrite_frequency: with use_ema=True alone the averages are copied "
+                "into the model when fit() ends.")
+        own_clip = {name: getattr(opt, name)
+                    for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                    if getattr(opt, name, None)}
+        if clip_norm is not None and own_clip:
+            raise ValueError(
+                f"Both Trainer(clip_norm={clip_norm}) and the optimizer's own clipping "
+                f"({', '.join(f'{k}={v}' for k, v in own_clip.items())}) are set; choose "
+                "one. (In tfdist both act on the gradient summed over all replicas.)"
+            )
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer):
+    """Context in which `optimizer.apply` does not all-reduce the gradients.
+
+    Use it around the code that *traces* a replica function calling
+    `optimizer.apply(grads)` with gradients that are already summed across
+    replicas. Inside, Keras's `_all_reduce_sum_gradients` of the optimizer (and
+    of any optimizer it wraps) is the identity; on exit it is restored.
+
+    Args:
+        optimizer: a Keras 3 TensorFlow-backend optimizer.
+
+    Example:
+
+    >>> @tf.function
+    ... def step(data):
+    ...     with gradients_already_summed(opt):
+    ...         strategy.run(replica_fn, args=(data,))
+    """
+    patched = []
+    for opt in optimizer_chain(optimizer):
+        if hasattr(opt, "_all_reduce_sum_gradients"):
+            object.__setattr__(opt, "_all_reduce_sum_gradients", _identity)
+            patched.append(opt)
+    try:
+        yield
+    finally:
+        for opt in patched:
+            object.__delattr__(opt, "_all_reduce_sum_gradients")
+
+
+def loss_scale(optimizer):
+    """Returns the factor the optimizer multiplies the loss by (a float32 tensor).
+
+    1 for a plain optimizer, its `loss_scale_factor` if set, and the current
+    dynamic scale of a `LossScaleOptimizer`.
+
+    Args:
+        optimizer: a Keras 3 optimizer.
+
+    Example:
+
+    >>> float(loss_scale(keras.optimizers.SGD()))
+    1.0
+    """
+    return tf.cast(optimizer.scale_loss(tf.constant(1.0, tf.float32)), tf.float32)
+
+
+def _identity(grads_and_vars):
+    return grads_and_vars
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable

@@ -1,0 +1,302 @@
+"""The distributed train / test / predict steps (what runs inside the loop).
+
+One training step, per replica:
+
+1. *Replica computation* (optionally one XLA cluster: `tf.function(
+   jit_compile=True)` around this part only): forward pass, the replica's
+   loss numerator `n` and count `c` (see `GlobalLoss`), regularisation `R`,
+   and the gradient of the local objective `J = n / c + R`, scaled by the
+   optimizer's loss scale and multiplied back by `c`. So each replica returns
+   `c * dJ = dn + c * dR`, free of any per-replica normalisation.
+2. *All-reduce* (outside XLA): one `ReplicaContext.all_reduce(SUM)` of the
+   gradients together with the statistics `[n, c, c * R]`. Dividing by
+   `D = sum(c)` gives `d(sum(n) / D) + sum(c / D * dR)`: exactly the gradient
+   of the single-device loss on the global batch, with the regularisation
+   counted once (its per-replica weights `c / D` add up to 1).
+3. *Global-norm clipping* of the summed gradient, then `optimizer.apply` with
+   the optimizer's own cross-replica sum disabled
+   (`gradients_already_summed`), so the gradients are summed exactly once and
+   `LossScaleOptimizer` unscales, skips non-finite steps and adjusts its scale
+   identically on every replica.
+
+With gradient accumulation over K micro-batches, step 1 runs every
+micro-batch and adds into per-replica float32 buffers; steps 2-3 run once per
+K micro-batches on the sums, which gives the gradient of one step on the
+K-times larger batch and advances `optimizer.iterations` by one.
+
+For `"sum"` losses the divisor is 1, `J = n + R / (K * N)` and the gradients
+are not multiplied by `c`.
+"""
+
+import keras
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_lib
+from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
+
+from tfdist.training.accumulate import GradientAccumulator
+from tfdist.training.inputs import unpack
+from tfdist.training.optimizer import gradients_already_summed, loss_scale
+
+# Statistics carried next to the gradients: loss numerator, loss weight c,
+# c * regularisation, local number of examples.
+_NUMERATOR, _WEIGHT, _WEIGHTED_REG, _EXAMPLES = range(4)
+_STATS = 4
+
+
+class StepFunctions:
+    """Builds the compiled train, test and predict functions of a `Trainer`.
+
+    The model, optimizer and compiled metrics must already be built inside
+    `strategy.scope()`.
+
+    Args:
+        model: the compiled, built `keras.Model` (its `compute_metrics`
+            updates the metrics and `_loss_tracker` records the loss).
+        optimizer: the built optimizer (`model.optimizer`).
+        loss: a `GlobalLoss`.
+        strategy: the `tf.distribute.Strategy`.
+        jit_compile: compile the replica computation with XLA.
+        grad_accum_steps: micro-batches per optimizer step (>= 1).
+        clip_norm: clip the summed gradient to this global norm, or None.
+
+    Attributes:
+        train_function: `f(iterator, num_steps) -> (steps_run, logs)`.
+        test_function: `f(iterator, num_steps) -> (steps_run, logs)`.
+        predict_function: `f(distributed_batch) -> outputs` (all replicas and
+            workers gathered, in input order).
+
+    Example:
+
+    >>> steps = StepFunctions(model, model.optimizer, GlobalLoss("mse"), strategy,
+    ...                       jit_compile=False, grad_accum_steps=1, clip_norm=None)
+    >>> ran, logs = steps.train_function(iter(dist_dataset), tf.constant(10))
+    """
+
+    def __init__(self, model, optimizer, loss, strategy, *, jit_compile, grad_accum_steps,
+                 clip_norm):
+        self.model = model
+        self.optimizer = optimizer
+        self.loss = loss
+        self.strategy = strategy
+        self.grad_accum_steps = grad_accum_steps
+        self.clip_norm = clip_norm
+        self._sum_weight = 1.0 / (grad_accum_steps * strategy.num_replicas_in_sync)
+        # One replica, no accumulation: c * dJ / sum(c) is dJ, and nothing to all-reduce.
+        self._single = strategy.num_replicas_in_sync == 1 and grad_accum_steps == 1
+        self.accumulator = None
+        if grad_accum_steps > 1:
+            with strategy.scope():
+                self.accumulator = GradientAccumulator(model.trainable_variables, _STATS)
+                self.micro_step = tf.Variable(
+                    0, dtype=tf.int64, trainable=False, name="micro_step",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        # What XLA compiles: the replica computation (forward, loss, backward),
+        # never the all-reduce or the update, except without any distribution
+        # at all, where the whole step is compiled (as Keras does).
+        whole_step = (jit_compile and self._single
+                      and strategy is distribute_lib._get_default_strategy())
+        self._compute_gradients = _jit(self._gradients, jit_compile and not whole_step)
+        self._compute_loss_terms = _jit(self._loss_terms, jit_compile and not whole_step)
+        self._compute_predictions = _jit(self._predictions, jit_compile)
+        self._run_replica_train = _jit(self._replica_train, whole_step)
+        self._run_replica_test = _jit(self._replica_test, whole_step)
+        compiled = lambda f: tf.function(f, reduce_retracing=True, autograph=False)  # noqa: E731
+        self.train_function = compiled(self._train_loop)
+        self.test_function = compiled(self._test_loop)
+        self.predict_function = compiled(self._predict_batch)
+
+    # ----------------------------------------------------------- replica work
+    def _objective_terms(self, x, y, sample_weight, training):
+        y_pred = self.model(x, training=training)
+        numerator, count = self.loss.local_terms(y, y_pred, sample_weight)
+        reg = _regularization(self.model)
+        weight = count if self.loss.normalized else tf.constant(self._sum_weight, tf.float32)
+        examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+        stats = tf.stack([numerator, weight, weight * reg, examples])
+        return y_pred, numerator, count, reg, stats
+
+    def _gradients(self, x, y, sample_weight):
+        """Replica computation: gradients of `c * J` (see module docstring)."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            y_pred, numerator, count, reg, stats = self._objective_terms(
+                x, y, sample_weight, training=True)
+            if self.loss.normalized:
+                objective = tf.math.divide_no_nan(numerator, count) + reg
+            else:
+                objective = numerator + self._sum_weight * reg
+            scaled = self.optimizer.scale_loss(objective)
+        grads = tape.gradient(scaled, variables)
+        if self.loss.normalized and not self._single:
+            grads = [_scale(g, count) for g in grads]
+        return grads, stats, y_pred, tf.nest.map_structure(get_keras_mask, y_pred)
+
+    def _loss_terms(self, x, y, sample_weight):
+        y_pred, _, _, _, stats = self._objective_terms(x, y, sample_weight, training=False)
+        return stats, y_pred, tf.nest.map_structure(get_keras_mask, y_pred)
+
+    def _predictions(self, x):
+        return self.model(x, training=False)
+
+    def _update_metrics(self, x, y, y_pred, mask, sample_weight):
+        for tensor, tensor_mask in zip(tf.nest.flatten(y_pred), tf.nest.flatten(mask)):
+            if tensor_mask is not None:
+                set_keras_mask(tensor, tensor_mask)
+        self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _global_loss(self, totals):
+        """Loss of the global batch from all-reduced `[n, c, c * R]`."""
+        weight = totals[_WEIGHT]
+        reg = tf.math.divide_no_nan(totals[_WEIGHTED_REG], weight)
+        if self.loss.normalized:
+            return tf.math.divide_no_nan(totals[_NUMERATOR], weight) + reg, weight
+        return totals[_NUMERATOR] + reg, tf.constant(1.0, tf.float32)
+
+    def _reduce_and_apply(self, grads, stats):
+        """All-reduce, normalise, clip and apply; records the loss."""
+        variables = self.model.trainable_variables
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if self._single:
+            reduced = [grads[i] for i in present] + [stats[:_EXAMPLES]]
+        else:
+            reduced = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [grads[i] for i in present] + [stats[:_EXAMPLES]])
+        totals = reduced[-1]
+        loss_value, divisor = self._global_loss(totals)
+        summed = reduced[:-1]
+        if self.loss.normalized and not self._single:
+            summed = [_divide(g, divisor) for g in summed]
+        if self.clip_norm is not None:
+            summed, _ = tf.clip_by_global_norm(summed, self.clip_norm * loss_scale(self.optimizer))
+        full = [None] * len(grads)
+        for i, g in zip(present, summed):
+            full[i] = g
+        self.optimizer.apply(full, variables)
+        self.model._loss_tracker.update_state(loss_value, sample_weight=stats[_EXAMPLES])
+
+    def _replica_train(self, data):
+        x, y, sample_weight = unpack(data, need_targets=True)
+        grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
+        self._update_metrics(x, y, y_pred, mask, sample_weight)
+        self._reduce_and_apply(grads, stats)
+
+    def _replica_accumulate(self, data):
+        x, y, sample_weight = unpack(data, need_targets=True)
+        grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
+        self._update_metrics(x, y, y_pred, mask, sample_weight)
+        self.accumulator.add(grads, stats)
+
+    def _replica_apply_accumulated(self):
+        grads, stats = self.accumulator.read()
+        self._reduce_and_apply(grads, stats)
+        self.accumulator.reset()
+
+    def _replica_test(self, data):
+        x, y, sample_weight = unpack(data, need_targets=True)
+        stats, y_pred, mask = self._compute_loss_terms(x, y, sample_weight)
+        self._update_metrics(x, y, y_pred, mask, sample_weight)
+        totals = stats[:_EXAMPLES]
+        if not self._single:
+            totals = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, totals)
+        loss_value, _ = self._global_loss(totals)
+        self.model._loss_tracker.update_state(loss_value, sample_weight=stats[_EXAMPLES])
+
+    def _replica_predict(self, data):
+        x, _, _ = unpack(data, need_targets=False)
+        return self._compute_predictions(x)
+
+    # ------------------------------------------------------ cross-replica work
+    def _train_step(self, data):
+        if self.accumulator is None:
+            self.strategy.run(self._run_replica_train, args=(data,))
+            return
+        self.strategy.run(self._replica_accumulate, args=(data,))
+        micro_step = self.micro_step.assign_add(1)
+        tf.cond(tf.equal(micro_step % self.grad_accum_steps, 0),
+                lambda: self.strategy.run(self._replica_apply_accumulated),
+                lambda: None)
+
+    def _test_step(self, data):
+        self.strategy.run(self._run_replica_test, args=(data,))
+
+    def _loop(self, step, iterator, num_steps):
+        def body(done_steps, exhausted):
+            optional = iterator.get_next_as_optional()
+            has_value = optional.has_value()
+
+            def run():
+                step(optional.get_value())
+                return done_steps + 1
+
+            done_steps = tf.cond(has_value, run, lambda: done_steps)
+            return done_steps, tf.logical_not(has_value)
+
+        done, _ = tf.while_loop(
+            lambda done_steps, exhausted: tf.logical_and(done_steps < num_steps,
+                                                         tf.logical_not(exhausted)),
+            body, [tf.constant(0, tf.int32), tf.constant(False)])
+        return done, self._metric_results()
+
+    def _metric_results(self):
+        """`model.get_metrics_result()` over all replicas, with one all-reduce.
+
+        Reading each SyncOnRead metric variable in cross-replica context costs
+        one reduction per variable (a collective per variable across workers);
+        here all of them are summed in one batch and the results computed
+        from the sums with `keras.StatelessScope`.
+        """
+        variables = self.model.metrics_variables
+        summable = all(v.aggregation == "sum" and "float" in str(v.dtype) for v in variables)
+        if self._single or not variables or not summable:
+            return self.model.get_metrics_result()
+
+        def replica_results():
+            sums = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [tf.identity(v.value) for v in variables])
+            with keras.StatelessScope(state_mapping=list(zip(variables, sums))):
+                return self.model.get_metrics_result()
+
+        results = self.strategy.run(replica_results)
+        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
+                                     results)
+
+    def _train_loop(self, iterator, num_steps):
+        with gradients_already_summed(self.optimizer):
+            return self._loop(self._train_step, iterator, num_steps)
+
+    def _test_loop(self, iterator, num_steps):
+        return self._loop(self._test_step, iterator, num_steps)
+
+    def _predict_batch(self, data):
+        outputs = self.strategy.run(self._replica_predict, args=(data,))
+        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
+
+
+def _jit(function, jit_compile):
+    if not jit_compile:
+        return function
+    return tf.function(function, jit_compile=True, autograph=False)
+
+
+def _regularization(model):
+    losses = model.losses
+    if not losses:
+        return tf.zeros((), tf.float32)
+    return tf.add_n([tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses])
+
+
+def _scale(grad, factor):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def _divide(grad, divisor):
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.math.divide_no_nan(grad.values, tf.cast(divisor, grad.values.dtype))
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return tf.math.divide_no_nan(grad, tf.cast(divisor, grad.dtype))

@@ -1,0 +1,369 @@
+"""`Trainer`: fit / evaluate / predict a Keras 3 model under any tf.distribute strategy.
+
+The loop (epochs, steps, callbacks, validation) lives here; what runs in one
+step lives in `tfdist.training.step`.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.training.callback_list import make_callback_list
+from tfdist.training.inputs import distribute, per_replica_spec, unpack
+from tfdist.training.loss import GlobalLoss
+from tfdist.training.optimizer import check_optimizer
+from tfdist.training.step import StepFunctions
+
+
+class Trainer:
+    """Trains a Keras 3 model with a distributed step that tfdist owns.
+
+    Works the same under the default strategy, `OneDeviceStrategy`,
+    `MirroredStrategy` (N devices) and `MultiWorkerMirroredStrategy` (N
+    processes), where Keras 3's own `fit` fails or silently differs:
+
+    * the loss is reduced over the *global* batch exactly as one device would
+      (masks, sample weights, short last batches included) and regularisation
+      losses count once;
+    * gradients are summed across replicas exactly once, then clipped by their
+      global norm (`clip_norm`), then applied;
+    * `jit_compile=True` compiles the per-replica forward/loss/backward with
+      XLA, keeping the all-reduce and the update outside it;
+    * `mixed_float16` models get a dynamic `LossScaleOptimizer` (through
+      `model.compile`), `mixed_bfloat16` none;
+    * `grad_accum_steps=K` takes one optimizer step per K batches, equal to
+      one step on the K-times larger batch; `optimizer.iterations` (and so any
+      learning-rate schedule) counts optimizer steps;
+    * `steps_per_execution=S` runs S steps per compiled call;
+    * metrics and logged losses are global on every worker; standard Keras
+      callbacks work; only the chief shows a progress bar.
+
+    The model and optimizer must be created inside `strategy.scope()`. The
+    trainer calls `model.compile(optimizer, loss, metrics)` (inside the scope)
+    so that `model.optimizer`, `model.save` and callbacks behave as in Keras.
+
+    Args:
+        model: a `keras.Model` created inside `strategy.scope()` (it may be
+            unbuilt; it is then built inside the scope from the data).
+        optimizer: a Keras 3 optimizer created inside `strategy.scope()`.
+            Its `clipnorm` / `global_clipnorm` / `clipvalue` act on the
+            global gradient; `gradient_accumulation_steps` is refused (use
+            `grad_accum_steps`).
+        loss: one Keras loss (instance, name, or `fn(y_true, y_pred)`) for
+            the model's output (structure). Reduction `"sum_over_batch_size"`,
+            `"mean"`, `"mean_with_sample_weight"` or `"sum"`.
+        metrics: metrics as in `keras.Model.compile` (evaluated without
+            sample weights).
+        weighted_metrics: metrics weighted by `sample_weight`.
+        strategy: the `tf.distribute.Strategy`; default: the strategy whose
+            scope is active, else the default strategy.
+        jit_compile: compile the per-replica computation with XLA.
+        grad_accum_steps: batches per optimizer step, an integer >= 1.
+        clip_norm: clip the summed gradient to this global norm (float > 0),
+            or None.
+        steps_per_execution: steps per compiled call, an integer >= 1.
+
+    Example:
+
+    >>> strategy = tf.distribute.MirroredStrategy()
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    ...     optimizer = keras.optimizers.SGD(0.1)
+    >>> trainer = Trainer(model, optimizer, "mse", strategy=strategy, clip_norm=1.0)
+    >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)  # global batch
+    >>> history = trainer.fit(ds, epochs=2)
+    """
+
+    def __init__(self, model, optimizer, loss, metrics=None, *, weighted_metrics=None,
+                 strategy=None, jit_compile=False, grad_accum_steps=1, clip_norm=None,
+                 steps_per_execution=1):
+        self.strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+        if not isinstance(self.strategy, tf.distribute.Strategy):
+            raise TypeError(
+                f"strategy must be a tf.distribute.Strategy (e.g. MirroredStrategy, "
+                f"MultiWorkerMirroredStrategy, OneDeviceStrategy) or None, got "
+                f"{strategy!r}.")
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model must be a keras.Model, got {type(model).__name__}.")
+        _check_positive_int("grad_accum_steps", grad_accum_steps)
+        _check_positive_int("steps_per_execution", steps_per_execution)
+        if clip_norm is not None and not (isinstance(clip_norm, (int, float))
+                                          and not isinstance(clip_norm, bool) and clip_norm > 0):
+            raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}.")
+        if not isinstance(jit_compile, bool):
+            raise ValueError(f"jit_compile must be True or False, got {jit_compile!r}.")
+        _check_model_in_scope(model, self.strategy)
+        check_optimizer(optimizer, self.strategy, clip_norm)
+        self.model = model
+        self.global_loss = GlobalLoss(loss)
+        self.jit_compile = jit_compile
+        self.grad_accum_steps = grad_accum_steps
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.steps_per_execution = steps_per_execution
+        single_output = len(getattr(model, "outputs", None) or [None]) == 1
+        with self.strategy.scope():
+            model.compile(optimizer=optimizer,
+                          loss=self.global_loss.loss if single_output else None,
+                          metrics=metrics, weighted_metrics=weighted_metrics,
+                          jit_compile=False)
+        self._steps = None
+
+    @property
+    def optimizer(self):
+        """The optimizer that applies the updates (`model.optimizer`; a
+        `LossScaleOptimizer` wrapping yours under `mixed_float16`)."""
+        return self.model.optimizer
+
+    # ------------------------------------------------------------------ API
+    def fit(self, x, epochs=1, steps_per_epoch=None, validation_data=None,
+            validation_steps=None, callbacks=None, verbose="auto", initial_epoch=0):
+        """Trains the model.
+
+        Args:
+            x: training data: a `tf.data.Dataset` batched with the global
+                batch size, a function `input_context -> tf.data.Dataset`
+                batched per replica, or a `tf.distribute.DistributedDataset`;
+                elements `(x, y)` or `(x, y, sample_weight)`.
+            epochs: train until this epoch index (exclusive).
+            steps_per_epoch: batches per epoch (micro-batches when
+                accumulating). None: until the data is exhausted (a fresh pass
+                every epoch). Set it for repeated (infinite) datasets; the
+                iterator then continues across epochs.
+            validation_data: optional data for evaluation at each epoch end;
+                its results are logged as `val_<name>`.
+            validation_steps: batches of validation data per evaluation
+                (None: all).
+            callbacks: list of `keras.callbacks.Callback`.
+            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
+            initial_epoch: epoch index to start from (a `BackupAndRestore`
+                callback may move it forward).
+
+        Returns:
+            The `keras.callbacks.History` of the run (also `model.history`).
+
+        Example:
+
+        >>> history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+        >>> history.history["loss"], history.history["val_loss"]
+        """
+        _check_positive_int("epochs", epochs, allow_zero=True)
+        if steps_per_epoch is not None:
+            _check_positive_int("steps_per_epoch", steps_per_epoch)
+        data = distribute(self.strategy, x, "x")
+        val_data = (None if validation_data is None
+                    else distribute(self.strategy, validation_data, "validation_data"))
+        steps = self._prepare(data, need_targets=True)
+        if val_data is not None:
+            self._prepare(val_data, need_targets=True)
+        callback_list = make_callback_list(
+            callbacks, self.model, self.strategy, verbose=verbose, epochs=epochs,
+            steps=steps_per_epoch, add_history=True)
+        self.model.stop_training = False
+        callback_list.on_train_begin()
+        initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+        iterator = None
+        training_logs = None
+        for epoch in range(initial_epoch, epochs):
+            self.model.reset_metrics()
+            callback_list.on_epoch_begin(epoch)
+            if iterator is None or steps_per_epoch is None:
+                iterator = iter(data)
+            logs, exhausted = self._run_batches(steps.train_function, iterator,
+                                                steps_per_epoch, callback_list, "train")
+            if exhausted:
+                iterator = None  # the next epoch starts a new pass over the data
+            epoch_logs = dict(logs if logs is not None else self._metric_logs())
+            if val_data is not None:
+                val_logs = self._evaluate_data(val_data, validation_steps, callback_list)
+                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            learning_rate = _current_learning_rate(self.optimizer)
+            if learning_rate is not None:
+                epoch_logs.setdefault("learning_rate", learning_rate)
+            callback_list.on_epoch_end(epoch, epoch_logs)
+            training_logs = epoch_logs
+            if self.model.stop_training:
+                break
+        if epochs > initial_epoch:
+            # Copies moving averages into the model when the optimizer keeps them.
+            self.optimizer.finalize_variable_values(self.model.trainable_variables)
+        callback_list.on_train_end(logs=training_logs)
+        return getattr(self.model, "history", None)
+
+    def evaluate(self, x, steps=None, callbacks=None, return_dict=False, verbose="auto"):
+        """Computes the loss and metrics on `x`, identical to one device.
+
+        Args:
+            x: evaluation data, same forms as `fit`'s `x`.
+            steps: number of batches (None: until the data is exhausted).
+            callbacks: list of `keras.callbacks.Callback`.
+            return_dict: return `{name: value}` instead of a list.
+            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
+
+        Returns:
+            The loss (a float) when there are no metrics, else a list
+            `[loss, metric, ...]`, or a dict with `return_dict=True`.
+
+        Example:
+
+        >>> trainer.evaluate(test_ds, return_dict=True)
+        {'loss': 0.31, 'accuracy': 0.9}
+        """
+        if steps is not None:
+            _check_positive_int("steps", steps)
+        data = distribute(self.strategy, x, "x")
+        self._prepare(data, need_targets=True)
+        callback_list = make_callback_list(callbacks, self.model, self.strategy,
+                                           verbose=verbose, epochs=1, steps=steps,
+                                           add_history=False)
+        logs = self._evaluate_data(data, steps, callback_list)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, x, steps=None, callbacks=None, verbose="auto"):
+        """Runs the model in inference mode and returns numpy outputs in input order.
+
+        Outputs of all replicas and workers are gathered, so every worker
+        receives the full result. With a `tf.data.Dataset` of global batches
+        the rows come back in the dataset's order, also when the last batch
+        does not split evenly across replicas.
+
+        Args:
+            x: input data, same forms as `fit`'s `x`; elements `x`, `(x,)`,
+                `(x, y)` or `(x, y, sample_weight)` (targets are ignored).
+            steps: number of batches (None: until the data is exhausted).
+            callbacks: list of `keras.callbacks.Callback`.
+            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
+
+        Returns:
+            A numpy array (or a structure of them, like the model's outputs).
+
+        Example:
+
+        >>> predictions = trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(32))
+        """
+        if steps is not None:
+            _check_positive_int("steps", steps)
+        data = distribute(self.strategy, x, "x")
+        step_functions = self._prepare(data, need_targets=False)
+        callback_list = make_callback_list(callbacks, self.model, self.strategy,
+                                           verbose=verbose, epochs=1, steps=steps,
+                                           add_history=False)
+        callback_list.on_predict_begin()
+        outputs = []
+        for index, batch in enumerate(data):
+            if steps is not None and index >= steps:
+                break
+            callback_list.on_predict_batch_begin(index)
+            batch_outputs = step_functions.predict_function(batch)
+            outputs.append(batch_outputs)
+            callback_list.on_predict_batch_end(index, {"outputs": batch_outputs})
+        callback_list.on_predict_end()
+        if not outputs:
+            raise ValueError("predict() received no batches: the input is empty.")
+        return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]),
+                                     *outputs)
+
+    # ------------------------------------------------------------- the loop
+    def _run_batches(self, function, iterator, steps, callback_list, mode):
+        """Runs batches in groups of `steps_per_execution`.
+
+        Returns `(logs, exhausted)`: the logs after the last batch (None if
+        there was none) and whether the iterator ran out of data.
+        """
+        begin_hook = getattr(callback_list, f"on_{mode}_batch_begin")
+        end_hook = getattr(callback_list, f"on_{mode}_batch_end")
+        step, logs, exhausted = 0, None, False
+        while steps is None or step < steps:
+            wanted = self.steps_per_execution if steps is None else min(
+                self.steps_per_execution, steps - step)
+            begin_hook(step)
+            ran, step_logs = function(iterator, tf.constant(wanted, tf.int32))
+            ran = int(ran)
+            if ran > 0:
+                logs = step_logs
+                end_hook(step + ran - 1, logs)
+                step += ran
+            if ran < wanted:
+                exhausted = True
+                if steps is not None:
+                    warnings.warn(
+                        f"The input ran out of data after {step} of {steps} {mode} steps; "
+                        "stopping this pass early. Make the dataset long enough "
+                        "(e.g. .repeat()) or lower the number of steps.", stacklevel=3)
+                break
+            if mode == "train" and self.model.stop_training:
+                break
+        return logs, exhausted
+
+    def _evaluate_data(self, data, steps, callback_list):
+        step_functions = self._steps
+        self.model.reset_metrics()
+        callback_list.on_test_begin()
+        logs, _ = self._run_batches(step_functions.test_function, iter(data), steps,
+                                    callback_list, "test")
+        logs = _pythonify(logs if logs is not None else self._metric_logs())
+        callback_list.on_test_end(logs)
+        return logs
+
+    def _metric_logs(self):
+        return _pythonify(self.model.get_metrics_result())
+
+    def _prepare(self, data, need_targets):
+        """Builds model, metrics and optimizer in the scope, then the step functions."""
+        spec = per_replica_spec(data.element_spec)
+        unpack(spec, need_targets=need_targets)
+        with self.strategy.scope():
+            if need_targets:
+                self.model._symbolic_build(data_batch=spec)
+            elif not self.model.built or not self.model.variables:
+                x_spec = keras.utils.unpack_x_y_sample_weight(spec)[0]
+                self.model(tf.nest.map_structure(
+                    lambda s: keras.KerasTensor(s.shape, s.dtype.name), x_spec))
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+        _check_model_in_scope(self.model, self.strategy)
+        if self._steps is None:
+            self._steps = StepFunctions(
+                self.model, self.optimizer, self.global_loss, self.strategy,
+                jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
+                clip_norm=self.clip_norm)
+        return self._steps
+
+
+def _check_positive_int(name, value, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (
+            0 if allow_zero else 1):
+        raise ValueError(
+            f"{name} must be an integer >= {0 if allow_zero else 1}, got {value!r}.")
+
+
+def _check_model_in_scope(model, strategy):
+    outside = [v.path for v in model.variables
+               if not strategy.extended.variable_created_in_scope(_tf_variable(v))]
+    if outside:
+        raise ValueError(
+            f"The model {model.name!r} was built outside the scope of the trainer's "
+            f"strategy ({type(strategy).__name__}): its variables {outside[:5]}"
+            f"{' ...' if len(outside) > 5 else ''} are not distributed by it. Create "
+            "and build the model inside `with strategy.scope():` (the same strategy "
+            "you give the Trainer), or pass strategy= the strategy it was built under.")
+
+
+def _tf_variable(variable):
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _current_learning_rate(optimizer):
+    try:
+        value = optimizer.learning_rate
+        return float(value.numpy() if hasattr(value, "numpy") else value)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _pythonify(logs):
+    return {name: float(value) for name, value in logs.items()}
