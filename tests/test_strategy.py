@@ -14,6 +14,7 @@ import sys
 import time
 
 import mw
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -388,3 +389,15 @@ def test_missing_peer_fails_within_the_startup_deadline():
                 process.kill()
                 process.wait()
     assert time.monotonic() - started < deadline + 100
+
+
+def test_two_mirrored_strategies_in_one_process_keep_their_collectives_apart():
+    # Same devices, different shapes: with shared collective keys the second
+    # strategy's all-reduce would reuse the first one's instance and abort.
+    first = create_strategy("mirrored", devices=2)
+    second = create_strategy("mirrored", devices=2)
+    for strategy, shape in ((first, (3,)), (second, (5, 2)), (first, (3,))):
+        value = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.ones(shape)))
+        assert strategy.experimental_local_results(value)[0].numpy().tolist() == \
+            (2 * np.ones(shape)).tolist()

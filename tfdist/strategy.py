@@ -17,6 +17,7 @@ addresses waited for. Once the strategy is up, the file named by
 """
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -486,7 +487,7 @@ def _create_mirrored(devices, all_reduce):
                 + ("; pass devices=N to split the CPU into N logical devices for N replicas"
                    if len(names) == 1 else ""))
     cross_device_ops = _mirrored_all_reduce(all_reduce, names)
-    return tf.distribute.MirroredStrategy(devices=names, cross_device_ops=cross_device_ops), note
+    return _new_mirrored_strategy(names, cross_device_ops), note
 
 
 def _mirrored_all_reduce(all_reduce, names):
@@ -589,6 +590,26 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
         note += (f"; pass devices=N (or {DEVICES_PER_WORKER_ENV}, tfdist.launch "
                  "--devices-per-worker) for N logical CPUs per worker")
     return strategy, note
+
+
+_mirrored_strategies_created = itertools.count(1)
+
+
+def _new_mirrored_strategy(devices, cross_device_ops):
+    """A MirroredStrategy with collective keys of its own.
+
+    Every MirroredStrategy in a process otherwise starts its collective group
+    and instance keys at the same base, so a second strategy over the same
+    devices (a benchmark sweep, a test suite) reuses the first one's keys,
+    and one shape mismatch aborts every collective of the process. TF reads
+    the base from a class attribute at construction, hence the swap.
+    """
+    base = tf.distribute.MirroredStrategy._collective_key_base
+    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * next(_mirrored_strategies_created)
+    try:
+        return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
+    finally:
+        tf.distribute.MirroredStrategy._collective_key_base = base
 
 
 def _bound_cluster_registration(config, deadline):

@@ -5,33 +5,22 @@ data come from numpy `RandomState`s, so a worker process and the test process
 build exactly the same model and batches.
 """
 
-import itertools
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tfdist.strategy import create_strategy
 
 FEATURES = 4
 TARGETS = 3
 VOCAB = 11
 SEQ = 6
 
-_key_base = itertools.count(1)
-
-
 def mirrored(num_devices):
-    """A fresh `MirroredStrategy` over the first `num_devices` logical CPUs.
-
-    Each strategy gets its own collective-key range: two MirroredStrategy
-    objects over the same devices in one process otherwise reuse collective
-    instance keys, and a shape mismatch between them aborts all collectives of
-    the process.
-    """
-    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * next(_key_base)
-    try:
-        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(num_devices)])
-    finally:
-        tf.distribute.MirroredStrategy._collective_key_base = 0
+    """A fresh `MirroredStrategy` over the first `num_devices` logical CPUs,
+    from tfdist's factory (which gives each strategy its own collective keys)."""
+    return create_strategy("mirrored", devices=[f"/cpu:{i}" for i in range(num_devices)])
 
 
 def set_deterministic_weights(model, seed=0):
