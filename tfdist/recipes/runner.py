@@ -59,6 +59,12 @@ class RecipeModel:
         metrics: a list of Keras metrics.
         description: one line for the start-up block.
         flops_per_example: model training FLOPs per example, for MFU.
+        prepare_optimizer: called with the optimizer once it is built (still
+            in the strategy scope), e.g. to exclude variables from weight
+            decay; None for nothing.
+        xla_blocker: why the replica step of this model cannot be compiled
+            with XLA (e.g. a cross-replica collective inside the model), or
+            None when it can.
     """
 
     model: object
@@ -66,6 +72,8 @@ class RecipeModel:
     metrics: list
     description: str
     flops_per_example: float = None
+    prepare_optimizer: Callable = None
+    xla_blocker: str = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +143,16 @@ def _configure_logging(verbose):
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 2 else logging.WARNING)
+
+
+def _respect_xla_blocker(mode, jit_compile, reason, blocker):
+    """Turns `auto` XLA off, with the reason, for a model that cannot be
+    compiled; `--xla on` for such a model is an error, never a silent change."""
+    if blocker is None or not jit_compile:
+        return jit_compile, reason
+    if mode == "on":
+        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
+    return False, f"auto: {blocker}"
 
 
 def _exit_error(prefix, error):
@@ -209,6 +227,10 @@ def _train(recipe, config):
             config.optimizer, config.learning_rate, schedule=config.schedule,
             warmup_steps=config.warmup_steps, total_steps=optimizer_steps,
             weight_decay=config.weight_decay)
+        jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
+                                                       built.xla_blocker)
+        if built.prepare_optimizer is not None:
+            built.prepare_optimizer(optimizer)
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
                           jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution)

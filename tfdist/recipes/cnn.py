@@ -1,0 +1,125 @@
+"""CNN recipe: a ResNet image classifier under any strategy.
+
+    python -m tfdist.recipes.cnn --strategy mirrored --devices 2
+    python -m tfdist.launch --workers 2 -- \\
+        python -m tfdist.recipes.cnn --strategy multi_worker_mirrored
+
+With no `--dataset` it trains on embedded procedurally drawn shapes (8
+classes, 32x32, no download) and reaches a validation accuracy far above the
+1/8 chance level within the default run.
+"""
+
+import sys
+
+from tfdist.recipes.config import Option
+from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel, run_recipe
+
+MODELS = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+OPTIONS = [
+    Option("model", str, "resnet_tiny",
+           "ResNet variant: resnet_tiny (minutes on 2 CPU cores), resnet18/34/50/101/152.",
+           choices=MODELS),
+    Option("image_size", int, None, "Square image size fed to the model (default: the dataset's).",
+           minimum=8),
+    Option("num_classes", int, None,
+           "Classes, for ImageNet-style TFRecords without a label map (default: 1000).", minimum=2),
+    Option("label_smoothing", float, 0.0, "Label smoothing of the cross-entropy (0..1).",
+           minimum=0.0),
+    Option("sync_bn", bool, False,
+           "Synchronised batch norm: statistics over the global batch instead of each replica's "
+           "share (for small per-replica batches; it all-reduces inside the model, so XLA is off)."),
+    Option("validation_dataset", str, None,
+           "Validation data in the --dataset forms (default: the embedded validation split, or none)."),
+    Option("num_examples", int, 4096, "Training examples of the embedded shapes dataset.", minimum=1),
+]
+
+DEFAULTS = {
+    "dataset": "shapes",
+    "global_batch_size": 128,
+    "epochs": 4,
+    "optimizer": "momentum",
+    "learning_rate": 0.1,
+    "warmup_steps": 20,
+    "schedule": "cosine",
+    "weight_decay": 5e-4,
+}
+
+EPILOG = """\
+datasets (--dataset, --validation-dataset):
+  shapes                      embedded drawn shapes, 8 classes, 32x32, no download (default)
+  tfds_images:NAME            a prepared TFDS image dataset, e.g. tfds_images:cifar10
+  imagenet_tfrecord:GLOB      ImageNet-style TFRecords (image/encoded, image/class/label)
+  image_folder:PATH           PATH/CLASS_NAME/*.jpg|png
+
+examples:
+  python -m tfdist.recipes.cnn --strategy mirrored --devices 2
+  python -m tfdist.recipes.cnn --config cnn_cifar10_resnet18
+  python -m tfdist.launch --workers 2 -- python -m tfdist.recipes.cnn --strategy multi_worker_mirrored
+"""
+
+
+def build_data(config):
+    """Training and validation image sources from `--dataset`."""
+    from tfdist.data import make_source
+
+    options = {"image_size": config.image_size}
+    if config.dataset.split(":", 1)[0] == "imagenet_tfrecord":
+        options["num_classes"] = config.num_classes
+    if config.dataset == "shapes":
+        train = make_source("shapes", split="train", num_examples=config.num_examples,
+                            seed=config.seed, **options)
+        validation = make_source("shapes", split="validation", seed=config.seed,
+                                 num_examples=max(config.global_batch_size * 4, 512), **options)
+    else:
+        train = make_source(config.dataset, **options)
+        validation = None
+    if config.validation_dataset:
+        validation = make_source(config.validation_dataset, **options)
+    chance = train.chance()
+    return RecipeData(
+        train=train, validation=validation, description=train.describe(),
+        chance={"loss": chance.loss, "accuracy": chance.accuracy},
+        info={"num_classes": train.num_classes, "image_size": train.image_size})
+
+
+def build_model(config, data):
+    """The ResNet for the data (inside the strategy scope), its loss and accuracy."""
+    import keras
+
+    from tfdist.models import (build_resnet, exclude_from_weight_decay, resnet_flops_per_example,
+                               sparse_label_smoothing_loss)
+
+    synchronized = config.sync_bn
+    num_classes, image_size = data.info["num_classes"], data.info["image_size"]
+    model = build_resnet(config.model, num_classes, image_size, synchronized_bn=synchronized)
+    if config.label_smoothing:
+        loss = sparse_label_smoothing_loss(num_classes, config.label_smoothing, from_logits=True)
+    else:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return RecipeModel(
+        model=model, loss=loss,
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        description=(f"{config.model}: {model.count_params() / 1e6:.2f} M params, "
+                     f"{'synchronised' if synchronized else 'per-replica'} batch norm"),
+        flops_per_example=resnet_flops_per_example(model, image_size),
+        # Batch-norm scales/offsets and biases are not decayed.
+        prepare_optimizer=lambda optimizer: exclude_from_weight_decay(optimizer, model),
+        xla_blocker=("synchronised batch norm all-reduces inside the model, which an XLA-compiled "
+                     "replica step cannot hold") if synchronized else None)
+
+
+RECIPE = Recipe(
+    name="cnn",
+    description="Train a ResNet image classifier under any tf.distribute strategy.",
+    options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
+    epilog=EPILOG)
+
+
+def main(argv=None):
+    """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
+    return run_recipe(RECIPE, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
