@@ -90,7 +90,8 @@ def read_csv(path):
     (tf_config("worker", 0, chief=True), ("worker", 0, False)),
     (tf_config("chief", 0, chief=True), ("chief", 0, True)),
     (tf_config("evaluator", 0), ("evaluator", 0, True)),
-    (tf_config("ps", 0), ("ps", 0, False)),
+    (json.dumps({"cluster": {"worker": ["localhost:1000"], "ps": ["localhost:1002"]},
+                 "task": {"type": "ps", "index": 0}}), ("ps", 0, False)),
 ])
 def test_task_info_follows_tf_config(monkeypatch, config, expected):
     if config is None:
@@ -103,7 +104,7 @@ def test_task_info_follows_tf_config(monkeypatch, config, expected):
 
 def test_a_malformed_tf_config_is_an_error_that_shows_it(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
-    with pytest.raises(ValueError, match=r"TF_CONFIG must be JSON.*\{not json"):
+    with pytest.raises(ValueError, match=r"TF_CONFIG is not valid JSON.*'not json'"):
         is_chief()
 
 

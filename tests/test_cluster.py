@@ -127,3 +127,12 @@ def test_bad_environment_value_is_an_error_not_a_single_worker(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{cluster: }")
     with pytest.raises(TFConfigError, match="not valid JSON"):
         parse_tf_config()
+
+
+def test_an_evaluator_may_sit_outside_the_cluster_as_in_tensorflow():
+    config = parse_tf_config({"cluster": {"worker": ["a:1", "b:2"]},
+                              "task": {"type": "evaluator", "index": 0}})
+    assert config.task_type == "evaluator" and config.own_address is None
+    assert not config.is_chief
+    with pytest.raises(TFConfigError, match="index 1 is out of range for an evaluator"):
+        parse_tf_config({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 1}})

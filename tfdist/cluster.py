@@ -60,8 +60,9 @@ class ClusterConfig:
 
     @property
     def own_address(self):
-        """This task's "host:port"."""
-        return self.cluster[self.task_type][self.task_index]
+        """This task's "host:port" (None for an evaluator outside the cluster)."""
+        addresses = self.cluster.get(self.task_type)
+        return addresses[self.task_index] if addresses else None
 
     @property
     def worker_index(self):
@@ -212,13 +213,20 @@ def _parse_task(raw, cluster):
     if kind not in TASK_TYPES:
         raise TFConfigError(
             f"TF_CONFIG task type {_short(kind)} is unknown; allowed: {', '.join(TASK_TYPES)}.")
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise TFConfigError(
+            f"TF_CONFIG task index must be an integer, got {type(index).__name__} {_short(index)}.")
+    if kind == "evaluator" and kind not in cluster:
+        # TensorFlow's convention: the evaluator runs beside the cluster, not in it.
+        if index != 0:
+            raise TFConfigError(
+                f"TF_CONFIG task index {index} is out of range for an evaluator outside the "
+                "cluster: there is one evaluator, index 0.")
+        return kind, index
     if kind not in cluster:
         raise TFConfigError(
             f"TF_CONFIG task type {kind!r} is not in the cluster (task types there: "
             f"{', '.join(sorted(cluster))}).")
-    if not isinstance(index, int) or isinstance(index, bool):
-        raise TFConfigError(
-            f"TF_CONFIG task index must be an integer, got {type(index).__name__} {_short(index)}.")
     count = len(cluster[kind])
     if not 0 <= index < count:
         raise TFConfigError(

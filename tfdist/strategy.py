@@ -243,20 +243,59 @@ def describe_strategy(strategy):
                         devices=_devices_of(strategy), all_reduce=all_reduce, note=note)
 
 
-def is_chief(strategy=None):
-    """Whether this process is the chief: the 'chief' task, or worker 0 when
-    the cluster has no chief. Always True for single-worker strategies.
+def task_info(strategy=None):
+    """Returns `(task_type, task_id, is_chief)` for this process.
+
+    The single place tfdist decides who the chief is (the one process that
+    writes logs, checkpoints and reports). The answer comes from, in order:
+
+    1. `strategy` (or the strategy whose scope is active) when it has a
+       cluster resolver with a task (`MultiWorkerMirroredStrategy`, with a
+       TF_CONFIG, SLURM or Kubernetes resolver): the resolver gives the task
+       and `strategy.extended.should_checkpoint` says whether it is the chief.
+    2. Otherwise the validated `TF_CONFIG` (`tfdist.cluster.parse_tf_config`)
+       with TensorFlow's rule: the `chief` task; without one, worker 0; an
+       `evaluator` is the chief of its own evaluation.
+    3. Without `TF_CONFIG` the process is alone, hence the chief.
 
     Args:
-        strategy: a `tf.distribute.Strategy`; None uses the current one
-            (`tf.distribute.get_strategy()`).
+        strategy: a `tf.distribute.Strategy`, or None for the current one.
+
+    Returns:
+        `(task_type, task_id, is_chief)`; `(None, 0, True)` for a lone process.
+
+    Raises:
+        TFConfigError: `TF_CONFIG` is set but malformed.
+
+    Example:
+
+    >>> task_info()  # a single process without TF_CONFIG
+    (None, 0, True)
+    """
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None and resolver.task_type is not None:
+        return (resolver.task_type, int(resolver.task_id or 0),
+                bool(strategy.extended.should_checkpoint))
+    config = parse_tf_config()
+    if config is None:
+        return None, 0, True
+    return config.task_type, config.task_index, config.is_chief or config.task_type == "evaluator"
+
+
+def is_chief(strategy=None):
+    """Whether this process is the chief (see `task_info` for the rule).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`, or None for the current one.
 
     Example:
 
     >>> is_chief(create_strategy("one_device"))
     True
     """
-    return _worker_position(strategy or tf.distribute.get_strategy())[2]
+    return task_info(strategy)[2]
 
 
 def write_ready_file(path=None, content=None):

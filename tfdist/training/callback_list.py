@@ -8,19 +8,7 @@ train together.
 
 import keras
 
-
-def is_chief(strategy):
-    """True on the worker that reports and checkpoints (always True on one worker).
-
-    Args:
-        strategy: a `tf.distribute.Strategy`.
-
-    Example:
-
-    >>> is_chief(tf.distribute.get_strategy())
-    True
-    """
-    return bool(strategy.extended.should_checkpoint)
+from tfdist.strategy import is_chief
 
 
 def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, add_history):
