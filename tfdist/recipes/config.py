@@ -130,7 +130,9 @@ COMMON_OPTIONS = [
            "Folder for checkpoints and TensorBoard logs (default: none written)."),
     Option("seed", int, 42, "Random seed for weights and data order."),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
-    Option("verbose", int, 1, "0: silent, 1: progress bar, 2: one line per epoch.", choices=(0, 1, 2)),
+    Option("verbose", int, None,
+           "0: silent, 1: progress bar, 2: one line per epoch (default: 1 on a terminal, else 2).",
+           choices=(0, 1, 2)),
 ]
 
 

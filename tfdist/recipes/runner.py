@@ -173,6 +173,10 @@ def run_recipe(recipe, argv=None):
                               description=recipe.description, epilog=recipe.epilog)
     except ConfigError as error:
         return _exit_error(prog, error)
+    if config.verbose is None:
+        # Keras's progress bar smears into one long line when stdout is a pipe
+        # (CI logs, the launcher), so default to a line per epoch there.
+        config.verbose = 1 if sys.stdout.isatty() else 2
     _configure_logging(config.verbose)
     try:
         return _train(recipe, config)
@@ -223,12 +227,12 @@ def _train(recipe, config):
 
     with strategy.scope():
         built = recipe.build_model(config, data)
+        jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
+                                                       built.xla_blocker)
         optimizer = build_optimizer(
             config.optimizer, config.learning_rate, schedule=config.schedule,
             warmup_steps=config.warmup_steps, total_steps=optimizer_steps,
             weight_decay=config.weight_decay)
-        jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
-                                                       built.xla_blocker)
         if built.prepare_optimizer is not None:
             built.prepare_optimizer(optimizer)
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
