@@ -28,7 +28,8 @@ from tfdist.data.pipeline import (DatasetFn, distribute_dataset, make_dataset_fn
 from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
 from tfdist.data.source import ArraySource, SequenceSource, Source
 from tfdist.data.text import TextSource
-from tfdist.data.tfds_source import DatasetNotPreparedError, TFDSSource
+from tfdist.data.tfds_common import DatasetNotPreparedError, prepared_builder
+from tfdist.data.tfds_source import TFDSSource
 from tfdist.data.tfrecord import TFRecordSource, write_text_tfrecords, write_token_tfrecords
 from tfdist.data.tokens import (BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, SEP_ID, ByteVocabulary,
                                 language_model_pair, pack_windows, pad_or_truncate)
@@ -41,6 +42,7 @@ __all__ = [
     "SEP_ID", "SequenceSource", "ShardPlan", "Source", "TASKS", "TFDSSource", "TFRecordSource",
     "TextSource", "distribute_dataset", "expand_files", "language_model_pair",
     "make_dataset_fn", "make_source", "pack_windows", "pad_or_truncate",
-    "per_replica_batch_size", "plan_sharding", "write_image_tfrecords", "write_text_tfrecords",
+    "per_replica_batch_size", "plan_sharding", "prepared_builder", "write_image_tfrecords",
+    "write_text_tfrecords",
     "write_token_tfrecords",
 ]

@@ -4,35 +4,14 @@ Nothing is downloaded unless asked: with `download=False` (the default) a
 dataset that is not prepared in `data_dir` is a `DatasetNotPreparedError`
 that says how to prepare it.
 
-Sharding uses TFDS's own tools: by file through
-`tfds.ReadConfig(input_context=...)` when the split has at least as many
-shards as input pipelines, otherwise by record through `tfds.even_splits`
-(each pipeline reads only its slice of examples).
+Sharding is TFDS's own (see `tfdist.data.tfds_common`).
 """
-
-import logging
 
 import tensorflow as tf
 
-from tfdist.data import sharding
 from tfdist.data.source import SequenceSource
+from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder
 from tfdist.data.tokens import BOS_ID, EOS_ID, ByteVocabulary
-
-logger = logging.getLogger("tfdist.data")
-
-
-class DatasetNotPreparedError(FileNotFoundError):
-    """A TFDS dataset is not on disk and downloading was not allowed."""
-
-
-def _import_tfds():
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError("TFDS sources need tensorflow-datasets: pip install "
-                          "'tfdist[datasets]' (or pip install tensorflow-datasets).") from error
-    return tfds
-
 
 def _text_features(features):
     """Names of the scalar string features of a TFDS FeaturesDict, in order."""
@@ -46,7 +25,7 @@ def _text_features(features):
     return names
 
 
-class TFDSSource(SequenceSource):
+class TFDSSource(TFDSSplit, SequenceSource):
     """A text feature of a TFDS dataset, tokenised per byte into fixed windows.
 
     Each example's text becomes `[BOS] bytes [EOS]`; documents are packed
@@ -77,26 +56,9 @@ class TFDSSource(SequenceSource):
 
     def __init__(self, name, split="train", *, feature=None, sequence_length=128, data_dir=None,
                  download=False, vocabulary=None, pack=True):
-        tfds = _import_tfds()
         if not isinstance(sequence_length, int) or sequence_length < 1:
             raise ValueError(f"sequence_length must be a positive integer, got {sequence_length!r}.")
-        try:
-            builder = tfds.builder(name, data_dir=data_dir)
-        except tfds.core.registered.DatasetNotFoundError as error:
-            first_line = str(error).splitlines()[0]
-            raise ValueError(f"Unknown TFDS dataset {name!r} ({first_line}). See "
-                             "https://www.tensorflow.org/datasets/catalog for the names.") from error
-        if not builder.is_prepared():
-            if not download:
-                where = "TFDS's default data_dir" if data_dir is None else data_dir
-                flag = "" if data_dir is None else f" --data_dir {data_dir}"
-                raise DatasetNotPreparedError(
-                    f"TFDS dataset {name!r} is not prepared in {where} (looked for "
-                    f"{builder.data_dir}) and download=False. Prepare it once with\n"
-                    f"    tfds build {name}{flag}\n"
-                    "(needs internet on that machine; copy the directory to the others), or "
-                    "pass download=True to download and prepare it now.")
-            builder.download_and_prepare()
+        builder = prepared_builder(name, data_dir=data_dir, download=download)
         features = builder.info.features
         text_features = _text_features(features)
         if feature is None:
@@ -117,40 +79,13 @@ class TFDSSource(SequenceSource):
         self.vocab_size = self.vocabulary.vocab_size
         self.pack = bool(pack)
 
-    @property
-    def num_files(self):
-        """Number of shard files of the split (0 when TFDS does not know it)."""
-        try:
-            return int(self.builder.info.splits[self.split].num_shards)
-        except (KeyError, ValueError, AttributeError, TypeError):
-            return 0
-
-    @property
-    def num_examples(self):
-        try:
-            return int(self.builder.info.splits[self.split].num_examples) or None
-        except (KeyError, ValueError, AttributeError, TypeError):
-            return None
-
     def read(self, plan, *, shuffle_files=False, seed=None):
-        tfds = _import_tfds()
+        tfds = import_tfds()
         decoders = {name: tfds.decode.SkipDecoding()
                     for name in self.builder.info.features.keys() if name != self.feature}
-        if plan.mode == sharding.FILE:
-            context = tf.distribute.InputContext(num_input_pipelines=plan.count,
-                                                 input_pipeline_id=plan.index)
-            read_config = tfds.ReadConfig(input_context=context, shuffle_seed=seed)
-            dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files,
-                                              read_config=read_config, decoders=decoders)
-        elif plan.mode == sharding.RECORD:
-            split = self.split if plan.count == 1 else tfds.even_splits(
-                self.split, n=plan.count)[plan.index]
-            dataset = self.builder.as_dataset(split=split, shuffle_files=False,
-                                              read_config=tfds.ReadConfig(), decoders=decoders)
-        else:
-            raise ValueError(f"Unknown shard mode {plan.mode!r}; expected one of {sharding.MODES}.")
         feature = self.feature
-        return dataset.map(lambda example: example[feature])
+        return self.read_split(plan, shuffle_files, seed, decoders).map(
+            lambda example: example[feature])
 
     def decode(self, record):
         return tf.concat([[BOS_ID], self.vocabulary.encode(record), [EOS_ID]], axis=0)

@@ -10,13 +10,11 @@ shard files as input pipelines, else by record through `tfds.even_splits`.
 Images are read encoded and decoded in the pipeline's parallel `decode`.
 """
 
-import os
 
 import tensorflow as tf
 
-from tfdist.data import sharding
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource, image_size_tuple
-from tfdist.data.tfds_source import DatasetNotPreparedError, _import_tfds
+from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder
 
 NORMALIZATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -31,54 +29,8 @@ other datasets default to 0.5 / 0.5."""
 DEFAULT_LARGE_SIZE = 224
 
 
-def prepared_builder(name, data_dir=None, download=False):
-    """Returns the TFDS builder of `name`, prepared (downloading only when allowed).
-
-    Args:
-        name: TFDS name, optionally with config/version.
-        data_dir: TFDS data directory (default TFDS's).
-        download: download and prepare the dataset when it is missing.
-
-    Raises:
-        ValueError: unknown dataset.
-        DatasetNotPreparedError: not prepared and `download=False`; the
-            message gives the `tfds build` command (and the manual-download
-            note for datasets such as imagenet2012).
-
-    Example:
-
-    >>> builder = prepared_builder("cifar10", data_dir="/data/tfds")
-    """
-    tfds = _import_tfds()
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:
-        first_line = str(error).splitlines()[0]
-        raise ValueError(f"Unknown TFDS dataset {name!r} ({first_line}). See "
-                         "https://www.tensorflow.org/datasets/catalog for the names.") from error
-    if builder.is_prepared():
-        return builder
-    if not download:
-        where = "TFDS's default data_dir" if data_dir is None else data_dir
-        flag = "" if data_dir is None else f" --data_dir {data_dir}"
-        manual = ""
-        if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None):
-            root = data_dir or tfds.core.constants.DATA_DIR
-            manual = (f"\n{name!r} needs a manual download first: put its files in "
-                      f"{os.path.join(root, 'downloads', 'manual')} (see "
-                      f"https://www.tensorflow.org/datasets/catalog/{name.split('/')[0]}).")
-        raise DatasetNotPreparedError(
-            f"TFDS dataset {name!r} is not prepared in {where} (looked for "
-            f"{builder.data_dir}) and download=False. Prepare it once with\n"
-            f"    tfds build {name}{flag}\n"
-            "(needs internet on that machine; copy the directory to the others), or "
-            f"pass download=True to download and prepare it now.{manual}")
-    builder.download_and_prepare()
-    return builder
-
-
 def _feature_keys(name, features, image_key, label_key, supervised_keys):
-    tfds = _import_tfds()
+    tfds = import_tfds()
     images = [k for k, f in features.items() if isinstance(f, tfds.features.Image)]
     labels = [k for k, f in features.items() if isinstance(f, tfds.features.ClassLabel)]
     if supervised_keys and len(supervised_keys) == 2 and all(
@@ -98,7 +50,7 @@ def _feature_keys(name, features, image_key, label_key, supervised_keys):
     return image_key, label_key
 
 
-class TFDSImageSource(ImageSource):
+class TFDSImageSource(TFDSSplit, ImageSource):
     """An image classification dataset from TFDS (`Image` + `ClassLabel` features).
 
     Args:
@@ -150,39 +102,12 @@ class TFDSImageSource(ImageSource):
                          mean=default_mean if mean is None else mean,
                          std=default_std if std is None else std, **image_options)
 
-    @property
-    def num_files(self):
-        """Number of shard files of the split (0 when TFDS does not know it)."""
-        try:
-            return int(self.builder.info.splits[self.split].num_shards)
-        except (KeyError, ValueError, AttributeError, TypeError):
-            return 0
-
-    @property
-    def num_examples(self):
-        try:
-            return int(self.builder.info.splits[self.split].num_examples) or None
-        except (KeyError, ValueError, AttributeError, TypeError):
-            return None
-
     def read(self, plan, *, shuffle_files=False, seed=None):
-        tfds = _import_tfds()
+        tfds = import_tfds()
         decoders = {self.image_key: tfds.decode.SkipDecoding()}
-        if plan.mode == sharding.FILE:
-            context = tf.distribute.InputContext(num_input_pipelines=plan.count,
-                                                 input_pipeline_id=plan.index)
-            read_config = tfds.ReadConfig(input_context=context, shuffle_seed=seed)
-            dataset = self.builder.as_dataset(split=self.split, shuffle_files=shuffle_files,
-                                              read_config=read_config, decoders=decoders)
-        elif plan.mode == sharding.RECORD:
-            split = self.split if plan.count == 1 else tfds.even_splits(
-                self.split, n=plan.count)[plan.index]
-            dataset = self.builder.as_dataset(split=split, shuffle_files=False,
-                                              read_config=tfds.ReadConfig(), decoders=decoders)
-        else:
-            raise ValueError(f"Unknown shard mode {plan.mode!r}; expected one of {sharding.MODES}.")
         image_key, label_key = self.image_key, self.label_key
-        return dataset.map(lambda example: (example[image_key], example[label_key]))
+        return self.read_split(plan, shuffle_files, seed, decoders).map(
+            lambda example: (example[image_key], example[label_key]))
 
     def decode_example(self, record):
         encoded, label = record
