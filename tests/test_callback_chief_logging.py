@@ -20,6 +20,7 @@ import tensorflow as tf
 import mw
 from tfdist.callbacks.chief import is_chief, model_strategy, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
+from tfdist.strategy import create_strategy
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 _key_base = itertools.count(500)  # far from the ranges other test files use
@@ -36,7 +37,7 @@ def mirrored():
     """A 2-replica MirroredStrategy over the 2 logical CPUs, with its own collective keys."""
     tf.distribute.MirroredStrategy._collective_key_base = 10_000 * next(_key_base)
     try:
-        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        return create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     finally:
         tf.distribute.MirroredStrategy._collective_key_base = 0
 

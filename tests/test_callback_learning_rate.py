@@ -9,6 +9,7 @@ from tfdist.callbacks.learning_rate import LearningRateLogger
 from tfdist.callbacks.learning_rate import LearningRateScheduleCallback
 from tfdist.schedules import WarmUp
 from tfdist.schedules import make_schedule
+from tfdist.strategy import create_strategy
 
 
 def _ones_model():
@@ -101,7 +102,7 @@ def test_epoch_schedule_sets_the_rate_per_epoch_and_logs_it_in_history():
 
 
 def test_step_schedule_under_two_replica_mirrored_strategy():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     schedule = make_schedule("cosine", 0.2, warmup_steps=2, total_steps=6)
     with strategy.scope():
         model = _ones_model()

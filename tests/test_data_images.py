@@ -22,6 +22,7 @@ from tfdist.data import (FILE, IMAGE_SCHEMES, RECORD, DatasetNotPreparedError, I
                          distribute_dataset, make_dataset_fn, make_source, write_image_tfrecords)
 from tfdist.data.images import ImageSource, augment_image, eval_view, generate_shapes
 from tfdist.data.images.shapes import SHAPE_CLASSES
+from tfdist.strategy import create_strategy
 
 TWO_REPLICAS = ["/cpu:0", "/cpu:1"]
 
@@ -128,7 +129,7 @@ def labelled_tfrecords(tmp_path_factory):
 
 def ids_across_two_replicas(source, id_of):
     """Ids of one training epoch under a real 2-replica MirroredStrategy, per replica."""
-    strategy = tf.distribute.MirroredStrategy(TWO_REPLICAS)
+    strategy = create_strategy("mirrored", devices=TWO_REPLICAS)
     dataset = distribute_dataset(strategy, source, 6, training=True, seed=3, repeat=False,
                                  drop_remainder=False)
     per_replica = [[], []]

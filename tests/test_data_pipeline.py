@@ -11,6 +11,7 @@ from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecord
                          distribute_dataset, make_dataset_fn, per_replica_batch_size,
                          plan_sharding, write_token_tfrecords)
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
+from tfdist.strategy import create_strategy
 
 VOCAB = 1000
 
@@ -45,7 +46,7 @@ def make_id_source(kind, directory):
 
 @pytest.fixture(scope="module")
 def mirrored():
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    return create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
 
 
 # --- shard decision -----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from tfdist.models.resnet import (
     resnet_flops_per_example,
     resnet_name,
 )
+from tfdist.strategy import create_strategy
 
 # torchvision's exact trainable parameter counts (1000 classes) and its
 # published multiply-adds at 224x224 ("GFLOPS" in its model table counts
@@ -42,7 +43,7 @@ def imagenet_model(name):
 
 @pytest.fixture(scope="module")
 def strategy():
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    return create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tfdist.models import (
     decoder_lm_param_count,
     transformer_config,
 )
+from tfdist.strategy import create_strategy
 
 BOS, SEP, EOS = 1, 2, 3
 
@@ -247,7 +248,7 @@ def test_accuracy_counts_only_non_pad_tokens():
 
 
 def test_global_mean_on_two_replicas_equals_one_device():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     targets, logits = _batch_with_padding(8)  # rows hold 7, 3, 0 and 5 real tokens
     single = float(MaskedSparseCategoricalCrossentropy()(targets, logits))
 

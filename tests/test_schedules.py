@@ -16,6 +16,7 @@ from tfdist.schedules import OptimizerStepSchedule
 from tfdist.schedules import WarmUp
 from tfdist.schedules import make_schedule
 from tfdist.schedules import scale_learning_rate
+from tfdist.strategy import create_strategy
 
 BASE = 0.1
 WARMUP = 1000
@@ -299,7 +300,7 @@ def _expected_weight(rates):
 
 
 def test_schedule_in_sgd_under_two_replica_mirrored_strategy():
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
     assert strategy.num_replicas_in_sync == 2
     schedule = make_schedule(
         "cosine", 0.2, warmup_steps=4, total_steps=12, warmup_initial_learning_rate=0.02
