@@ -77,3 +77,55 @@ def test_help_documents_every_flag():
                  "--precision", "--xla", "--optimizer", "--learning-rate", "--warmup-steps",
                  "--dataset", "--model-dir", "--config", "--grad-accum-steps", "--clip-norm"):
         assert flag in result.stdout
+
+
+def _children(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as listing:
+        return [int(child) for child in listing.read().split()]
+
+
+@pytest.mark.slow
+@pytest.mark.multiworker
+def test_killing_one_worker_stops_the_job_with_an_error_instead_of_hanging():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from mw import REPO_ROOT
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--grace-period", "2",
+         "--timeout", "600", "--", sys.executable, "-m", "tfdist.recipes.transformer",
+         "--strategy", "multi_worker_mirrored", "--epochs", "100", "--verbose", "2"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("Epoch 1/100" in line or "tfdist run" in line for line in lines):
+            assert launcher.poll() is None, "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, "training never started:\n" + "".join(lines)[-3000:]
+            time.sleep(0.5)
+        time.sleep(5)  # let the workers enter their training loop
+        workers = _children(launcher.pid)
+        assert len(workers) == 2
+        killed_at = time.monotonic()
+        os.kill(workers[1], signal.SIGKILL)
+        code = launcher.wait(timeout=60)
+        stopped_after = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert code != 0
+    assert "worker 1" in output and "SIGKILL" in output, output[-3000:]
+    assert stopped_after < 60
+    for pid in workers:  # no orphan keeps training
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
