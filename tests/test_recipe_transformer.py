@@ -63,6 +63,18 @@ def test_bad_flag_value_exits_2_before_tensorflow_starts():
     assert "global_batch_size must be >= 1, got -4" in result.stdout
 
 
+def test_flags_are_checked_without_importing_tensorflow():
+    import subprocess
+    import sys
+
+    probe = ("import sys; from tfdist.recipes import transformer, cnn; "
+             "assert transformer.main(['--epochs', '0']) == 2; "
+             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_indivisible_global_batch_is_a_clear_error():
     result = run_recipe("transformer", ["--strategy", "mirrored", "--devices", "2",
                                         "--global-batch-size", "63"], timeout=120)

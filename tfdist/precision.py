@@ -10,8 +10,9 @@ float32.
 import dataclasses
 import logging
 
-import keras
-import tensorflow as tf
+# TensorFlow and Keras are imported inside the functions that need them, so
+# that the recipes can validate their flags (which name these precisions)
+# without starting TensorFlow.
 
 logger = logging.getLogger("tfdist")
 
@@ -69,6 +70,8 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
 
 
 def _gpu_compute_capabilities():
+    import tensorflow as tf
+
     capabilities = []
     for gpu in tf.config.list_physical_devices("GPU"):
         details = tf.config.experimental.get_device_details(gpu)
@@ -167,6 +170,8 @@ def apply_precision(name):
     >>> keras.mixed_precision.dtype_policy().name
     'mixed_bfloat16'
     """
+    import keras
+
     choice = resolve_precision(name)
     keras.mixed_precision.set_global_policy(choice.policy)
     logger.info("Precision: %s (%s)", choice.policy, choice.reason)
