@@ -64,6 +64,8 @@ class StepFunctions:
         test_function: `f(iterator, num_steps) -> (steps_run, logs)`.
         predict_function: `f(distributed_batch) -> outputs` (all replicas and
             workers gathered, in input order).
+        skip_function: `f(iterator, num_batches) -> batches_skipped`: draws
+            and discards batches (to resume at a data position).
 
     Example:
 
@@ -104,6 +106,7 @@ class StepFunctions:
         self.train_function = compiled(self._train_loop)
         self.test_function = compiled(self._test_loop)
         self.predict_function = compiled(self._predict_batch)
+        self.skip_function = compiled(self._skip_loop)
 
     # ----------------------------------------------------------- replica work
     def _objective_terms(self, x, y, sample_weight, training):
@@ -267,6 +270,29 @@ class StepFunctions:
 
     def _test_loop(self, iterator, num_steps):
         return self._loop(self._test_step, iterator, num_steps)
+
+    def _skip_loop(self, iterator, num_batches):
+        def body(done, exhausted):
+            has_value = iterator.get_next_as_optional().has_value()
+            return done + tf.cast(has_value, tf.int64), tf.logical_not(has_value)
+
+        done, _ = tf.while_loop(
+            lambda done, exhausted: tf.logical_and(done < num_batches, tf.logical_not(exhausted)),
+            body, [tf.constant(0, tf.int64), tf.constant(False)])
+        return done
+
+    def reset_accumulation(self):
+        """Drops a partial gradient accumulation: zeroes every replica's
+        buffers and the micro-batch counter (no-op without accumulation).
+
+        Example:
+
+        >>> steps.reset_accumulation()  # before resuming from a backup
+        """
+        if self.accumulator is None:
+            return
+        tf.function(lambda: self.strategy.run(self.accumulator.reset), autograph=False)()
+        self.micro_step.assign(0)
 
     def _predict_batch(self, data):
         outputs = self.strategy.run(self._replica_predict, args=(data,))

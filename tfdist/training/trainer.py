@@ -4,6 +4,7 @@ The loop (epochs, steps, callbacks, validation) lives here; what runs in one
 step lives in `tfdist.training.step`.
 """
 
+import collections
 import warnings
 
 import keras
@@ -15,6 +16,191 @@ from tfdist.training.inputs import distribute, per_replica_spec, unpack
 from tfdist.training.loss import GlobalLoss
 from tfdist.training.optimizer import check_optimizer
 from tfdist.training.step import StepFunctions
+
+FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
+"""Name of the model attribute holding the `FitPosition` of a running `Trainer.fit`."""
+
+
+class ResumePoint(collections.namedtuple(
+        "ResumePoint", ["epoch", "step", "iterator_batches", "iterator_index"])):
+    """A position in training that `fit` can start from (see `FitPosition`).
+
+    Args:
+        epoch: the epoch index.
+        step: training batches of that epoch already done.
+        iterator_batches: batches already drawn from that epoch's data
+            iterator (more than `step` when the iterator continues across
+            epochs, with `steps_per_epoch`).
+        iterator_index: which data iterator (0-based count of
+            `iter(dataset)` calls since training started) that epoch uses.
+            Creating the earlier ones again reproduces per-iteration state
+            such as the order of `dataset.shuffle(seed=...)`, which
+            reshuffles at every new iterator.
+
+    Example:
+
+    >>> ResumePoint(epoch=1, step=3, iterator_batches=3, iterator_index=1)
+    """
+
+
+class FitPosition:
+    """Where a running `Trainer.fit` is in its data, and the way to start it mid-epoch.
+
+    This is the resume protocol between the `Trainer` and callbacks, which
+    only see the model: while `fit` runs, the trainer publishes this object
+    as `getattr(model, FIT_POSITION_ATTRIBUTE)` (set back to None when `fit`
+    returns or raises; plain `keras.Model.fit` has none). A callback can
+
+    * read the exact position at any batch or epoch end (`resume_point()`):
+      epoch, step, the batches drawn from the current data iterator (more
+      than the step when `steps_per_epoch` is set and the iterator continues
+      across epochs) and which iterator that is;
+    * ask, in `on_train_begin` only, that training start at such a
+      position (`resume_at`): `fit` then starts at that epoch, re-creates
+      and discards the data iterators of the earlier epochs (so a seeded
+      `shuffle` that reshuffles every iteration is at the same order),
+      draws and discards the batches already consumed from the epoch's
+      iterator, and runs the rest of the epoch, with batch indices
+      continuing from the step. For a deterministic input pipeline this
+      reproduces the data position exactly (`tf.distribute`'s distributed
+      iterators cannot be checkpointed in TF 2.21, so the position is
+      replayed);
+    * tell whether the optimizer is between two updates
+      (`at_update_boundary()`): with `grad_accum_steps=K` the per-replica
+      gradient buffers of a partial accumulation are not restorable, so a
+      backup should only be taken when this is True (`resume_at` drops a
+      partial accumulation).
+
+    `tfdist.callbacks.backup.BackupAndResume` drives it; a callback that
+    resumes training with `keras.Model.fit` can only set
+    `model._initial_epoch` and restart the epoch.
+
+    Args:
+        steps_per_epoch: the `fit` argument (None: one pass over the data
+            per epoch, with a new iterator every epoch).
+        grad_accum_steps: micro-batches per optimizer update.
+        update_boundary: a function returning True when no gradient
+            accumulation is in progress, or None when there is no
+            accumulation.
+
+    Attributes:
+        epoch: the current epoch index.
+        step: training batches finished in the current epoch.
+        iterator_batches: batches drawn from the current data iterator
+            since it was created (the data position).
+        iterator_index: the current iterator's index (0 for the first
+            `iter(dataset)` of training; -1 before there is one).
+        epoch_finished: True from the end of the epoch's last batch until
+            the next epoch begins (validation and `on_epoch_end` run then).
+        iterator_continues: whether the next epoch continues the current
+            iterator (`steps_per_epoch` set and the data not exhausted).
+        requested: the `ResumePoint` asked for with `resume_at`, or None.
+
+    Example:
+
+    >>> class Where(keras.callbacks.Callback):
+    ...     def on_train_batch_end(self, batch, logs=None):
+    ...         position = getattr(self.model, FIT_POSITION_ATTRIBUTE, None)
+    ...         if position is not None:
+    ...             print(position.resume_point())
+    ResumePoint(epoch=0, step=3, iterator_batches=3, iterator_index=0)
+    """
+
+    def __init__(self, steps_per_epoch, grad_accum_steps=1, update_boundary=None):
+        self.steps_per_epoch = steps_per_epoch
+        self.grad_accum_steps = grad_accum_steps
+        self.epoch = 0
+        self.step = 0
+        self.iterator_batches = 0
+        self.iterator_index = -1
+        self.epoch_finished = False
+        self.iterator_continues = False
+        self.requested = None
+        self._update_boundary = update_boundary
+        self._started = False
+
+    def resume_point(self):
+        """Returns the `ResumePoint` to start `fit` at (with `resume_at`) to
+        continue exactly from here.
+
+        During an epoch this is the current epoch, step and data position;
+        once the epoch's batches are done it is the start of the next epoch.
+
+        Example:
+
+        >>> position.resume_point()
+        ResumePoint(epoch=1, step=0, iterator_batches=4, iterator_index=0)
+        """
+        if self.epoch_finished:
+            if self.iterator_continues:
+                return ResumePoint(self.epoch + 1, 0, self.iterator_batches,
+                                   self.iterator_index)
+            return ResumePoint(self.epoch + 1, 0, 0, self.iterator_index + 1)
+        return ResumePoint(self.epoch, self.step, self.iterator_batches,
+                           max(self.iterator_index, 0))
+
+    def at_update_boundary(self):
+        """True when no gradient accumulation is in progress (always True
+        without `grad_accum_steps`).
+
+        Example:
+
+        >>> position.at_update_boundary()
+        True
+        """
+        return True if self._update_boundary is None else bool(self._update_boundary())
+
+    def resume_at(self, epoch, step, iterator_batches, iterator_index=0):
+        """Asks `fit` to start at `epoch`, after `step` batches of it, with
+        `iterator_batches` batches already drawn from its data iterator, the
+        `iterator_index`-th of training.
+
+        Call it from a callback's `on_train_begin`; it overrides `fit`'s
+        `initial_epoch` and `model._initial_epoch`.
+
+        Args:
+            epoch: the epoch index to start in (an int >= 0).
+            step: training batches of that epoch already done (an int >= 0,
+                at most `steps_per_epoch` when that is set).
+            iterator_batches: batches to draw and discard from the new data
+                iterator (an int >= `step`; equal to `step` when
+                `steps_per_epoch` is None, since every epoch then starts a
+                new pass).
+            iterator_index: iterators to create and discard before the one
+                that is used (an int >= 0; the epoch index when every epoch
+                makes a new pass).
+
+        Raises:
+            ValueError: a value is not an int in its range.
+            RuntimeError: training has already started.
+
+        Example:
+
+        >>> position.resume_at(epoch=2, step=3, iterator_batches=3, iterator_index=2)
+        """
+        if self._started:
+            raise RuntimeError(
+                "FitPosition.resume_at must be called before the first epoch begins "
+                "(from a callback's on_train_begin); training has already started.")
+        for name, value in (("epoch", epoch), ("step", step),
+                            ("iterator_batches", iterator_batches),
+                            ("iterator_index", iterator_index)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"resume_at: {name} must be an integer >= 0, got {value!r}.")
+        if self.steps_per_epoch is not None and step > self.steps_per_epoch:
+            raise ValueError(
+                f"resume_at: step={step} is beyond steps_per_epoch={self.steps_per_epoch}.")
+        if iterator_batches < step:
+            raise ValueError(
+                f"resume_at: iterator_batches={iterator_batches} is less than step={step}; "
+                "at least the epoch's own batches were drawn from the iterator.")
+        if self.steps_per_epoch is None and iterator_batches != step:
+            raise ValueError(
+                f"resume_at: iterator_batches={iterator_batches} differs from step={step}, "
+                "but without steps_per_epoch every epoch is a new pass over the data "
+                "(iterator_batches == step).")
+        self.requested = ResumePoint(int(epoch), int(step), int(iterator_batches),
+                                     int(iterator_index))
 
 
 class Trainer:
@@ -138,7 +324,10 @@ class Trainer:
             callbacks: list of `keras.callbacks.Callback`.
             verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
             initial_epoch: epoch index to start from (a `BackupAndRestore`
-                callback may move it forward).
+                callback may move it forward). A callback can also start
+                training mid-epoch through the `FitPosition` published on
+                the model during `fit` (see `FitPosition`;
+                `tfdist.callbacks.backup.BackupAndResume` does this).
 
         Returns:
             The `keras.callbacks.History` of the run (also `model.history`).
@@ -161,30 +350,15 @@ class Trainer:
             callbacks, self.model, self.strategy, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch, add_history=True)
         self.model.stop_training = False
-        callback_list.on_train_begin()
-        initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
-        iterator = None
-        training_logs = None
-        for epoch in range(initial_epoch, epochs):
-            self.model.reset_metrics()
-            callback_list.on_epoch_begin(epoch)
-            if iterator is None or steps_per_epoch is None:
-                iterator = iter(data)
-            logs, exhausted = self._run_batches(steps.train_function, iterator,
-                                                steps_per_epoch, callback_list, "train")
-            if exhausted:
-                iterator = None  # the next epoch starts a new pass over the data
-            epoch_logs = dict(logs if logs is not None else self._metric_logs())
-            if val_data is not None:
-                val_logs = self._evaluate_data(val_data, validation_steps, callback_list)
-                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-            learning_rate = _current_learning_rate(self.optimizer)
-            if learning_rate is not None:
-                epoch_logs.setdefault("learning_rate", learning_rate)
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            training_logs = epoch_logs
-            if self.model.stop_training:
-                break
+        position = FitPosition(steps_per_epoch, self.grad_accum_steps,
+                               self._update_boundary if self.grad_accum_steps > 1 else None)
+        setattr(self.model, FIT_POSITION_ATTRIBUTE, position)
+        try:
+            training_logs, initial_epoch = self._fit_epochs(
+                data, val_data, steps, epochs, steps_per_epoch, validation_steps,
+                callback_list, initial_epoch, position)
+        finally:
+            setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
         if epochs > initial_epoch:
             # Copies moving averages into the model when the optimizer keeps them.
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
@@ -268,21 +442,103 @@ class Trainer:
                                      *outputs)
 
     # ------------------------------------------------------------- the loop
-    def _run_batches(self, function, iterator, steps, callback_list, mode):
-        """Runs batches in groups of `steps_per_execution`.
+    def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
+                    callback_list, initial_epoch, position):
+        """The epoch loop of `fit`; returns `(last epoch logs, first epoch run)`."""
+        callback_list.on_train_begin()
+        requested = position.requested
+        position._started = True
+        if requested is not None:
+            initial_epoch = requested.epoch
+            self._reset_accumulation()
+        else:
+            initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+        iterator = None
+        training_logs = None
+        for epoch in range(initial_epoch, epochs):
+            self.model.reset_metrics()
+            position.epoch, position.step, position.epoch_finished = epoch, 0, False
+            callback_list.on_epoch_begin(epoch)
+            resuming = requested is not None and epoch == requested.epoch
+            if iterator is None or steps_per_epoch is None:
+                if resuming:  # replays iter() calls: reshuffling datasets move on
+                    for _ in range(requested.iterator_index - position.iterator_index - 1):
+                        iter(data)
+                    position.iterator_index = requested.iterator_index - 1
+                iterator = iter(data)
+                position.iterator_index += 1
+                position.iterator_batches = 0
+            first_step = 0
+            if resuming:
+                first_step = requested.step
+                self._skip_batches(steps.skip_function, iterator, requested.iterator_batches)
+                position.step = first_step
+                position.iterator_batches = requested.iterator_batches
+            logs, exhausted = self._run_batches(steps.train_function, iterator,
+                                                steps_per_epoch, callback_list, "train",
+                                                first_step=first_step, position=position)
+            if exhausted:
+                iterator = None  # the next epoch starts a new pass over the data
+            position.epoch_finished = True
+            position.iterator_continues = iterator is not None and steps_per_epoch is not None
+            epoch_logs = dict(logs if logs is not None else self._metric_logs())
+            if val_data is not None:
+                val_logs = self._evaluate_data(val_data, validation_steps, callback_list)
+                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
+            learning_rate = _current_learning_rate(self.optimizer)
+            if learning_rate is not None:
+                epoch_logs.setdefault("learning_rate", learning_rate)
+            callback_list.on_epoch_end(epoch, epoch_logs)
+            training_logs = epoch_logs
+            if self.model.stop_training:
+                break
+        return training_logs, initial_epoch
+
+    def _skip_batches(self, skip_function, iterator, count):
+        """Draws and discards `count` batches (resuming at a data position)."""
+        if count == 0:
+            return
+        skipped = int(skip_function(iterator, tf.constant(count, tf.int64)))
+        if skipped < count:
+            raise ValueError(
+                f"Resuming training needs to skip the {count} batches that were already "
+                f"consumed, but the input ran out after {skipped}. The input pipeline must "
+                "be the same (same data, batch size and order) as in the run that wrote "
+                "the backup.")
+
+    def _update_boundary(self):
+        steps = self._steps
+        if steps is None or steps.accumulator is None:
+            return True
+        return int(steps.micro_step.numpy()) % self.grad_accum_steps == 0
+
+    def _reset_accumulation(self):
+        """Drops a partial gradient accumulation (left by an interrupted fit)."""
+        steps = self._steps
+        if steps is None or steps.accumulator is None or self._update_boundary():
+            return
+        steps.reset_accumulation()
+
+    def _run_batches(self, function, iterator, steps, callback_list, mode, first_step=0,
+                     position=None):
+        """Runs batches in groups of `steps_per_execution`, from batch `first_step`.
 
         Returns `(logs, exhausted)`: the logs after the last batch (None if
-        there was none) and whether the iterator ran out of data.
+        there was none) and whether the iterator ran out of data. `position`
+        (a `FitPosition`, training only) is updated before each batch-end hook.
         """
         begin_hook = getattr(callback_list, f"on_{mode}_batch_begin")
         end_hook = getattr(callback_list, f"on_{mode}_batch_end")
-        step, logs, exhausted = 0, None, False
+        step, logs, exhausted = first_step, None, False
         while steps is None or step < steps:
             wanted = self.steps_per_execution if steps is None else min(
                 self.steps_per_execution, steps - step)
             begin_hook(step)
             ran, step_logs = function(iterator, tf.constant(wanted, tf.int32))
             ran = int(ran)
+            if position is not None:
+                position.step += ran
+                position.iterator_batches += ran
             if ran > 0:
                 logs = step_logs
                 end_hook(step + ran - 1, logs)

@@ -1,0 +1,463 @@
+"""`BackupAndResume`: step-level backups that survive a lost worker, resumed at the exact step."""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, checkpoint_number,
+                                           list_backups, read_backup)
+from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.strategy import describe_strategy
+
+# The attribute tfdist's Trainer publishes its FitPosition under during fit
+# (tfdist.training.trainer.FIT_POSITION_ATTRIBUTE; duck-typed so that this
+# callback does not depend on the trainer).
+_FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
+
+
+class ResumeWarning(UserWarning):
+    """Training resumes, but not exactly as the backup would allow (or a
+    backup is skipped): e.g. plain `keras.Model.fit` redoes a partial epoch.
+
+    Example:
+
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", ResumeWarning)  # make it fatal
+    ...     model.fit(dataset, epochs=5, callbacks=[BackupAndResume("backup")])
+    """
+
+
+class BackupAndResume(keras.callbacks.Callback):
+    """Backs up the training state every N steps and resumes at that exact step.
+
+    Like `keras.callbacks.BackupAndRestore`, for jobs that lose a worker:
+    restart the same command after a crash (or a preemption, or a SIGKILL)
+    and training continues from the last backup. Differences:
+
+    * **Step-level, exact resume.** Backups are taken every `save_freq`
+      training batches and at every epoch end, and hold the model, the
+      optimizer (its slots, `iterations`, the learning rate and a
+      `LossScaleOptimizer`'s dynamic scale), the epoch, the step in the
+      epoch, the global step, the data position (which data iterator, and
+      the batches drawn from it) and the epoch's metric totals. With
+      tfdist's `Trainer` the restarted `fit` starts at that epoch *and
+      step*: it re-creates the earlier epochs' iterators (so a seeded
+      `shuffle` that reshuffles every epoch is at the same order) and draws
+      and discards the batches already consumed, which reproduces the data
+      position of a deterministic input pipeline; an interrupted and resumed
+      run then ends with the same weights and logs as an uninterrupted one.
+      (TF 2.21's distributed iterators cannot be checkpointed:
+      `tf.train.Checkpoint` refuses `DistributedIterator`, so the position
+      is replayed, at the cost of reading the skipped batches.)
+    * **Multi-worker.** Only the chief writes into `backup_dir`; every other
+      worker takes part in each save (TensorFlow requires it) writing into a
+      temporary folder of its own, deleted right after, so nothing of theirs
+      lands in `backup_dir`. After each save the workers wait for each other,
+      so once any worker has passed a backup point the backup is committed.
+      Every worker restores from `backup_dir`, which must therefore be on
+      storage all workers see (a shared file system or a bucket); at start
+      the workers check that they restored the same backup and raise a
+      `ValueError` otherwise.
+    * **Atomic, keeps the last K.** Each backup is a `tf.train.Checkpoint`
+      written by `tf.train.CheckpointManager`: the data is written first and
+      the `checkpoint` index file is replaced (write + rename) only after,
+      then backups beyond `max_to_keep` are deleted; a crash mid-write leaves
+      the previous backup in the index and loadable. The leftovers of an
+      interrupted write are removed at the next start. An unreadable newest
+      backup makes the callback fall back to the previous one.
+    * **Kept after failures.** A backup is never written when the logged loss
+      is NaN or Inf (e.g. the epoch end that follows
+      `keras.callbacks.TerminateOnNaN`), and the folder is only deleted
+      (`delete_checkpoint=True`) when training ended normally with a finite
+      loss. With `tfdist.callbacks.NanGuard` placed before this callback,
+      the last good backup is what the next run resumes from.
+
+    With plain `keras.Model.fit` the callback restores the same state, but
+    Keras always starts an epoch at its first batch: training resumes at the
+    right epoch, and when the newest backup is mid-epoch the partial epoch
+    is redone. The callback then restores the backup taken at the start of
+    that epoch when it is still kept (so nothing is trained twice), else the
+    newest one (the batches already done are trained again); either way it
+    warns with a `ResumeWarning`. Under `MultiWorkerMirroredStrategy` Keras 3's
+    own `fit` does not work (see tfdist's DESIGN); use the `Trainer`.
+
+    Not restored: the state of other callbacks (`EarlyStopping`'s patience,
+    `ReduceLROnPlateau`'s counters), random generators outside the model,
+    and a partial gradient accumulation (with `Trainer(grad_accum_steps=K)`
+    a backup due between two optimizer updates is taken at the next one).
+    The model, optimizer, loss and input pipeline must be the same as in the
+    run that wrote the backup.
+
+    Attributes:
+        restored: the `BackupInfo` training resumed from in the last
+            `on_train_begin`, or None.
+        last_backup: the `BackupInfo` of the last backup written by this
+            process's run (on non-chief workers `path` is "").
+        backups_written: backups written since the last `on_train_begin`.
+        exact: after `on_train_begin`, True when training resumes exactly at
+            the backup's step (tfdist's `Trainer`, or a backup at an epoch
+            start), False when a partial epoch is redone.
+
+    Args:
+        backup_dir: folder for the backups (a str or path-like); use it for
+            nothing else. Created by the chief when the first backup is
+            written.
+        save_freq: back up every this many training batches (an int >= 1,
+            counted across epochs; with `steps_per_execution` at the first
+            batch end at or after each multiple), or `"epoch"` for epoch
+            ends only. A backup is always taken at every epoch end.
+        max_to_keep: number of backups kept (an int >= 1; older ones are
+            deleted after each new one is committed).
+        delete_checkpoint: delete `backup_dir` when training ends normally
+            (all epochs run or stopped by a callback, finite loss). Default
+            False: the final backup makes a relaunch of a finished job a
+            no-op.
+        verbose: 0 silent; 1 prints (chief only) where training resumes;
+            2 also prints every backup.
+        strategy: the `tf.distribute.Strategy` that decides who is chief,
+            or None for the model's.
+
+    Example:
+
+    >>> backup = BackupAndResume("gs://bucket/run1/backup", save_freq=500)
+    >>> trainer = Trainer(model, optimizer, "sparse_categorical_crossentropy",
+    ...                   strategy=strategy)
+    >>> trainer.fit(train_ds, epochs=10, callbacks=[NanGuard(), backup])
+    >>> # killed at step 2,730 and restarted: resumes at step 2,500, batch 2,500
+    >>> backup.restored.global_step
+    2500
+    """
+
+    def __init__(self, backup_dir, save_freq="epoch", max_to_keep=2, delete_checkpoint=False,
+                 verbose=1, strategy=None):
+        super().__init__()
+        if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
+            raise ValueError(f"backup_dir must be a non-empty path, got {backup_dir!r}.")
+        if save_freq != "epoch" and not _is_int(save_freq, minimum=1):
+            raise ValueError(
+                f"save_freq must be an integer >= 1 (training batches) or 'epoch', got "
+                f"{save_freq!r}.")
+        if not _is_int(max_to_keep, minimum=1):
+            raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
+        if not isinstance(delete_checkpoint, bool):
+            raise ValueError(f"delete_checkpoint must be True or False, got {delete_checkpoint!r}.")
+        if verbose not in (0, 1, 2):
+            raise ValueError(f"verbose must be 0, 1 or 2, got {verbose!r}.")
+        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+            raise ValueError(
+                f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}.")
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
+        self.max_to_keep = int(max_to_keep)
+        self.delete_checkpoint = delete_checkpoint
+        self.verbose = verbose
+        self.strategy = strategy
+        self.restored = None
+        self.last_backup = None
+        self.backups_written = 0
+        self.exact = None
+        self._state = None
+        self._gather = None
+        self._reset_run()
+
+    def _reset_run(self):
+        self._fit_position = None
+        self._chief = True
+        self._num_workers = 1
+        self._distribution = None
+        self._writer = None
+        self._next_number = 1
+        self._epoch = 0
+        self._epoch_step = 0
+        self._epoch_base = 0
+        self._global_step = 0
+        self._resume_epoch = None
+        self._pending = False
+        self._restore_metrics_from = None
+        self._warned_non_finite = False
+        self._last_logs = None
+        self._set_initial_epoch = False
+
+    # ------------------------------------------------------------ restoring
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if model is None or not model.built:
+            raise ValueError(
+                "BackupAndResume needs a built model when training begins (tfdist's Trainer "
+                f"and Keras's fit build it from the data); got {model!r}.")
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("BackupAndResume needs a compiled model with an optimizer "
+                             "(model.compile(optimizer=...), or tfdist's Trainer).")
+        self._reset_run()
+        self.restored, self.last_backup, self.backups_written, self.exact = None, None, 0, True
+        strategy = self.strategy or model_strategy(model) or tf.distribute.get_strategy()
+        self._distribution = strategy
+        task_type, task_id, self._chief = task_info(strategy)
+        self._num_workers = describe_strategy(strategy).num_workers
+        self._fit_position = getattr(model, _FIT_POSITION_ATTRIBUTE, None)
+        if not optimizer.built:
+            with strategy.scope():
+                optimizer.build(model.trainable_variables)
+        if self._state is None:
+            self._state = _Position()
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                         metrics=list(model.metrics_variables),
+                                         position=self._state)
+        self._writer = BackupWriter(checkpoint, self.backup_dir, self.max_to_keep,
+                                    is_chief=self._chief,
+                                    worker_name=f"{task_type or 'worker'}{task_id}")
+        committed = list_backups(self.backup_dir)
+        info = self._restore(committed)
+        self._agree("restored backup", [info.number if info else 0,
+                                         info.global_step if info else -1])
+        numbers = [checkpoint_number(p) for p in committed]
+        self._next_number = max(numbers + [0]) + 1
+        self._writer.clean_uncommitted()
+        if info is None:
+            return
+        self.restored = info
+        self._global_step = info.global_step
+        self._resume_epoch = info.epoch
+        self._epoch_step = info.step
+        if self._fit_position is not None:
+            consumed, index = info.iterator_batches, info.iterator_index
+            if consumed < 0 or index < 0:  # written by keras fit: one pass per epoch assumed
+                consumed, index = info.step, info.epoch
+                if info.step:
+                    warnings.warn(
+                        f"BackupAndResume: the backup {info.path} was written by keras "
+                        "Model.fit, which does not record the data position; resuming at "
+                        f"step {info.step} assumes a new pass over the data every epoch.",
+                        ResumeWarning, stacklevel=2)
+            if self._fit_position.steps_per_epoch is None:
+                consumed = info.step
+            try:
+                self._fit_position.resume_at(info.epoch, info.step, consumed, index)
+            except ValueError as error:
+                raise ValueError(
+                    f"BackupAndResume: cannot resume from {info.path} (epoch {info.epoch}, "
+                    f"step {info.step}, {consumed} batches drawn from the data): {error} "
+                    "Resume with the same steps_per_epoch as the run that wrote it.") from error
+            if info.step:
+                self._restore_metrics_from = info.path
+        else:
+            model._initial_epoch = info.epoch
+            self._set_initial_epoch = True
+            self.exact = not info.mid_epoch
+        self._print(1, f"BackupAndResume: resuming from {info.path} at epoch {info.epoch} "
+                       f"step {info.step} (global step {info.global_step}, optimizer "
+                       f"iteration {info.iterations})"
+                    + ("" if self.exact else "; the partial epoch is redone"))
+
+    def _restore(self, committed):
+        """Restores the model and optimizer from the best usable backup."""
+        infos = []
+        for path in reversed(committed):
+            try:
+                infos.append(read_backup(path))
+            except ValueError as error:
+                warnings.warn(f"BackupAndResume: skipping backup: {error}", ResumeWarning,
+                              stacklevel=3)
+        if not infos:
+            if committed:
+                raise ValueError(
+                    f"BackupAndResume: {self.backup_dir!r} lists backups {committed} but none "
+                    "can be read. Restore the files, or delete the folder to start over.")
+            return None
+        candidates = infos
+        keras_fit = self._fit_position is None
+        if keras_fit and infos[0].mid_epoch:
+            start = [i for i in infos if i.epoch == infos[0].epoch and not i.mid_epoch]
+            candidates = start + [i for i in infos if i not in start]
+            newest = infos[0]
+            if start:
+                message = (
+                    f"keras Model.fit cannot start mid-epoch: the newest backup "
+                    f"{newest.path} is at step {newest.step} of epoch {newest.epoch}, so "
+                    f"training resumes from {start[0].path} at the start of epoch "
+                    f"{newest.epoch} and the partial epoch ({newest.step} steps) is redone. "
+                    "tfdist's Trainer resumes at the exact step.")
+            else:
+                message = (
+                    f"keras Model.fit cannot start mid-epoch: resuming from {newest.path} "
+                    f"(step {newest.step} of epoch {newest.epoch}) at the start of epoch "
+                    f"{newest.epoch}, so the partial epoch is redone and its first "
+                    f"{newest.step} batches are trained a second time. Use tfdist's Trainer "
+                    "to resume at the exact step (or save_freq='epoch').")
+            warnings.warn("BackupAndResume: " + message, ResumeWarning, stacklevel=3)
+        root = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
+        for info in candidates:
+            try:
+                status = root.read(info.path)
+                status.expect_partial()  # metrics and position are read separately
+                status.assert_existing_objects_matched()
+            except (AssertionError, ValueError) as error:  # unmatched objects, shapes, dtypes
+                raise ValueError(
+                    f"BackupAndResume: the backup {info.path} does not match this model and "
+                    f"optimizer ({str(error).strip().splitlines()[0][:300]}). Resume with the "
+                    "same model, optimizer and loss scaling as the run that wrote it, or use "
+                    "a new backup_dir.") from error
+            except (tf.errors.OpError, IndexError) as error:  # missing or damaged files
+                warnings.warn(f"BackupAndResume: cannot restore {info.path} "
+                              f"({str(error).strip().splitlines()[0][:200]}); trying an older "
+                              "backup.", ResumeWarning, stacklevel=3)
+                continue
+            return info
+        raise ValueError(
+            f"BackupAndResume: none of the backups in {self.backup_dir!r} "
+            f"({[i.path for i in infos]}) could be restored. Restore the files, or delete "
+            "the folder to start over.")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        resumed = self._resume_epoch is not None and epoch == self._resume_epoch
+        self._epoch_base = self._global_step - (self._epoch_step if resumed else 0)
+        self._epoch_step = self._epoch_step if resumed and self._fit_position is not None else 0
+        self._resume_epoch = None
+        if self._restore_metrics_from is not None:
+            path, self._restore_metrics_from = self._restore_metrics_from, None
+            metrics = tf.train.Checkpoint(metrics=list(self.model.metrics_variables))
+            try:
+                status = metrics.read(path)
+                status.expect_partial()
+                status.assert_existing_objects_matched()
+            except (AssertionError, tf.errors.OpError, ValueError) as error:
+                warnings.warn(
+                    f"BackupAndResume: the epoch's metric totals were not restored from {path} "
+                    f"({str(error).strip().splitlines()[0][:200]}); the logs of epoch {epoch} "
+                    "cover only the batches run after resuming.", ResumeWarning, stacklevel=2)
+
+    # -------------------------------------------------------------- backing up
+    def on_train_batch_end(self, batch, logs=None):
+        previous = self._global_step
+        self._epoch_step = batch + 1
+        self._global_step = self._epoch_base + batch + 1
+        if self.save_freq != "epoch" and (
+                self._global_step // self.save_freq > previous // self.save_freq):
+            self._pending = True
+        steps = (self.params or {}).get("steps")
+        last_of_epoch = steps is not None and self._epoch_step >= steps
+        if self._pending and not last_of_epoch and self._at_update_boundary():
+            self._backup(logs)  # at the epoch's last batch, the epoch-end backup follows
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._last_logs = logs
+        self._pending = True
+        if self._at_update_boundary():
+            self._backup(logs, epoch_end=True)
+
+    def on_train_end(self, logs=None):
+        logs = logs if logs is not None else self._last_logs
+        if self._set_initial_epoch:
+            self.model._initial_epoch = None
+        if (self.delete_checkpoint and self._chief and _finite_loss(logs)
+                and tf.io.gfile.isdir(self.backup_dir)):
+            tf.io.gfile.rmtree(self.backup_dir)
+            self._print(1, f"BackupAndResume: training ended normally; deleted "
+                           f"{self.backup_dir}.")
+
+    def _at_update_boundary(self):
+        return self._fit_position is None or self._fit_position.at_update_boundary()
+
+    def _backup(self, logs, epoch_end=False):
+        self._pending = False
+        if not _finite_loss(logs):
+            if not self._warned_non_finite:
+                self._warned_non_finite = True
+                warnings.warn(
+                    f"BackupAndResume: the loss is not finite ({_loss_entries(logs)}); no "
+                    "backup is written while it stays so, and the previous backups are kept.",
+                    ResumeWarning, stacklevel=3)
+            return
+        if self._fit_position is not None:
+            epoch, step, consumed, index = self._fit_position.resume_point()
+        elif epoch_end:
+            epoch, step, consumed, index = self._epoch + 1, 0, -1, -1
+        else:
+            epoch, step, consumed, index = self._epoch, self._epoch_step, -1, -1
+        iterations = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        values = dict(epoch=epoch, step=step, global_step=self._global_step,
+                      iterator_batches=consumed, iterator_index=index, iterations=iterations)
+        self._state.set(values)
+        number = self._next_number
+        path = self._writer.write(number)
+        self._next_number += 1
+        self._agree("backup written", [number, self._global_step])  # a barrier too
+        self.last_backup = BackupInfo(path=path or "", number=number, **values)
+        self.backups_written += 1
+        self._print(2, f"BackupAndResume: backup {number} at epoch {epoch} step {step} "
+                       f"(global step {self._global_step}) written to {path}")
+
+    # ---------------------------------------------------------------- helpers
+    def _agree(self, what, values):
+        """Multi-worker: every worker gets every worker's `values` (an
+        all-gather, which is also a barrier); raises if they differ."""
+        if self._num_workers <= 1:
+            return
+        strategy = self._distribution
+        if self._gather is None or self._gather[0] is not strategy:
+            def gather(vector):
+                def replica():
+                    return tf.distribute.get_replica_context().all_gather(vector[None], axis=0)
+                return strategy.experimental_local_results(strategy.run(replica))[0]
+            self._gather = (strategy, tf.function(gather, autograph=False))
+        table = self._gather[1](tf.constant(values, tf.int64)).numpy()
+        if not (table == table[0]).all():
+            per_worker = sorted({tuple(int(v) for v in row) for row in table})
+            raise ValueError(
+                f"BackupAndResume: the workers disagree on the {what}: (number, global step) "
+                f"per replica {per_worker}. Every worker must see the same backup_dir "
+                f"({self.backup_dir!r}): put it on a shared file system or a bucket, not on "
+                "each machine's local disk.")
+
+    def _print(self, level, message):
+        if self.verbose >= level and self._chief:
+            print(message, flush=True)
+
+    def get_config(self):
+        return {"backup_dir": self.backup_dir, "save_freq": self.save_freq,
+                "max_to_keep": self.max_to_keep, "delete_checkpoint": self.delete_checkpoint,
+                "verbose": self.verbose}
+
+
+class _Position(tf.Module):
+    """The training position, saved in every backup as `position/<name>`."""
+
+    def __init__(self):
+        super().__init__(name="backup_position")
+        with tf.init_scope():
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.iterator_batches = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                                name="iterator_batches")
+            self.iterator_index = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                              name="iterator_index")
+            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+
+    def set(self, values):
+        for name, value in values.items():
+            getattr(self, name).assign(value)
+
+
+def _is_int(value, minimum):
+    return (not isinstance(value, bool) and isinstance(value, (int, np.integer))
+            and value >= minimum)
+
+
+def _loss_entries(logs):
+    return {k: v for k, v in (logs or {}).items() if "loss" in k}
+
+
+def _finite_loss(logs):
+    for value in _loss_entries(logs).values():
+        try:
+            if not np.all(np.isfinite(np.asarray(value, dtype=np.float64))):
+                return False
+        except (TypeError, ValueError):
+            continue
+    return True
