@@ -141,3 +141,18 @@ def test_killing_one_worker_stops_the_job_with_an_error_instead_of_hanging():
     assert stopped_after < 60
     for pid in workers:  # no orphan keeps training
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+@pytest.mark.slow
+def test_a_relaunched_run_resumes_from_its_backup(tmp_path):
+    common = ["--strategy", "mirrored", "--devices", "2", "--steps-per-epoch", "20",
+              "--warmup-steps", "5", "--verbose", "2", "--model-dir", str(tmp_path),
+              "--backup-every", "15"]
+    first = run_recipe("transformer", [*common, "--epochs", "1"])
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "resuming" not in first.stdout
+    second = run_recipe("transformer", [*common, "--epochs", "2"])
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "at epoch 1 step 0 (global step 20" in second.stdout
+    rows = (tmp_path / "training_log.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 2  # header, epoch 1 from the first run, epoch 2 appended

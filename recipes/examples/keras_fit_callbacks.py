@@ -120,10 +120,8 @@ def main(argv=None):
 
     backup_dir = os.path.join(args.out, "backup")
     resuming = latest_backup(backup_dir) is not None
-    logging_callbacks = make_logging_callbacks(os.path.join(args.out, "logs"))
-    for wrapped in logging_callbacks:  # keep the rows of the interrupted run
-        if isinstance(wrapped.callback, keras.callbacks.CSVLogger):
-            wrapped.callback.append = resuming
+    # A resumed run keeps the CSV rows of the interrupted one.
+    logging_callbacks = make_logging_callbacks(os.path.join(args.out, "logs"), append=resuming)
     meter = ThroughputMeter(global_batch_size=args.batch_size,
                             num_replicas=info.num_replicas)
     backup = BackupAndResume(backup_dir, save_freq=args.save_freq, max_to_keep=2)

@@ -4,9 +4,11 @@ Each is a plain `keras.callbacks.Callback`, so it works in tfdist's `Trainer`
 and in any app's own `model.fit`; each is multi-worker safe (only the chief
 writes, every worker computes the same values).
 
-    from tfdist.callbacks import ThroughputMeter, LearningRateLogger, NanGuard
+    from tfdist.callbacks import ThroughputMeter, NanGuard, BackupAndResume
 """
 
+from tfdist.callbacks.backup import (BackupAndResume, BackupInfo, ResumeWarning, latest_backup,
+                                     list_backups, read_backup)
 from tfdist.callbacks.chief import is_chief, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
 from tfdist.callbacks.learning_rate import LearningRateLogger, LearningRateScheduleCallback
@@ -16,7 +18,8 @@ from tfdist.callbacks.profiler import ProfilerWindow
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
 
 __all__ = [
-    "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
+    "BackupAndResume", "BackupInfo", "ResumeWarning", "latest_backup", "list_backups",
+    "read_backup", "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
     "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "ProfilerWindow", "ThroughputMeter",
     "format_summary", "is_chief", "make_logging_callbacks", "task_info",
 ]

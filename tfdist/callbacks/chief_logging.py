@@ -87,11 +87,14 @@ class ChiefOnly(keras.callbacks.Callback):
             raise TypeError(
                 f"ChiefOnly wraps a keras.callbacks.Callback, got {type(callback).__name__}: "
                 f"{callback!r}.")
-        if isinstance(callback, keras.callbacks.BackupAndRestore):
+        from tfdist.callbacks.backup import BackupAndResume
+
+        if isinstance(callback, (keras.callbacks.BackupAndRestore, BackupAndResume)):
             raise ValueError(
-                "ChiefOnly cannot wrap keras.callbacks.BackupAndRestore: every worker restores "
-                "the model from the backup when training starts, so it has to run on every "
-                "worker. Pass it to fit unwrapped.")
+                f"ChiefOnly cannot wrap {type(callback).__name__}: every worker restores the "
+                "model from the backup when training starts and takes part in every save, so "
+                "it has to run on every worker (it already writes on the chief only). Pass it "
+                "to fit unwrapped.")
         if non_chief not in _NON_CHIEF_MODES:
             raise ValueError(f"non_chief must be one of {_NON_CHIEF_MODES}, got {non_chief!r}.")
         if path_attribute is not None and not hasattr(callback, path_attribute):
@@ -252,7 +255,7 @@ class ChiefOnly(keras.callbacks.Callback):
 
 
 def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=False,
-                           strategy=None, fallback_dir=None):
+                           strategy=None, fallback_dir=None, append=False):
     """The standard logging callbacks of a run, each writing once per job.
 
     Returns `ChiefOnly`-wrapped Keras callbacks writing under `log_dir`:
@@ -278,6 +281,8 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
         strategy: decides who is chief, or None for the model's strategy.
         fallback_dir: passed to each `ChiefOnly`: where non-chief workers
             write their own copies, or None for no copies.
+        append: append to an existing CSV log (a resumed run) instead of
+            starting it anew.
 
     Returns:
         A list of `ChiefOnly` callbacks (possibly empty).
@@ -305,7 +310,8 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
             "tensorboard='auto' (skips it when missing) or False.")
     callbacks = []
     if csv:
-        callbacks.append(keras.callbacks.CSVLogger(os.path.join(log_dir, "training_log.csv")))
+        callbacks.append(keras.callbacks.CSVLogger(os.path.join(log_dir, "training_log.csv"),
+                                                   append=append))
     if tensorboard is True or (tensorboard == "auto" and has_tensorboard):
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(log_dir, "tensorboard")))
     elif tensorboard == "auto":

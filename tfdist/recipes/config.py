@@ -128,6 +128,12 @@ COMMON_OPTIONS = [
     Option("dataset", str, None, "Data source (see the recipe's --help for the forms)."),
     Option("model_dir", str, None,
            "Folder for checkpoints and TensorBoard logs (default: none written)."),
+    Option("backup_dir", str, None,
+           "Folder for step-level backups; a relaunched run resumes at the exact step of the last "
+           "one (default: MODEL_DIR/backup when --model-dir is given, else none)."),
+    Option("backup_every", int, None,
+           "Back up every N steps, besides every epoch end (default: epoch ends only).", minimum=1),
+    Option("backup_keep", int, 2, "Backups kept.", minimum=1),
     Option("seed", int, 42, "Random seed for weights and data order."),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
     Option("verbose", int, None,

@@ -194,7 +194,8 @@ def _train(recipe, config):
     import keras
     import tensorflow as tf
 
-    from tfdist.callbacks import ThroughputMeter, make_logging_callbacks
+    from tfdist.callbacks import (BackupAndResume, NanGuard, ThroughputMeter, latest_backup,
+                                  make_logging_callbacks)
     from tfdist.data import distribute_dataset
     from tfdist.devices import gpu_count
     from tfdist.optimizers import build_optimizer
@@ -246,10 +247,20 @@ def _train(recipe, config):
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
         steps_per_execution=config.steps_per_execution, print_fn=say)
-    callbacks = [meter]
+    # Producers first (the loggers after them see their values); NanGuard
+    # before the backup, so that a NaN step is never backed up.
+    callbacks = [meter, NanGuard()]
+    backup_dir = config.backup_dir or (
+        os.path.join(config.model_dir, "backup") if config.model_dir else None)
+    resuming = False
+    if backup_dir:
+        resuming = latest_backup(backup_dir) is not None
+        callbacks.append(BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
+                                         max_to_keep=config.backup_keep, strategy=strategy))
     if config.model_dir:
         # CSV, TensorBoard and per-epoch weights, written by the chief only.
-        callbacks += make_logging_callbacks(config.model_dir, checkpoint=True, strategy=strategy)
+        callbacks += make_logging_callbacks(config.model_dir, checkpoint=True, strategy=strategy,
+                                            append=resuming)
     history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
                           validation_data=validation, validation_steps=config.validation_steps,
                           callbacks=callbacks, verbose=config.verbose if info.is_chief else 0)
