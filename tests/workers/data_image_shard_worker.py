@@ -14,31 +14,12 @@ Usage: data_image_shard_worker.py --data-dir DIR --out DIR --shapes-examples 21
 """
 
 import argparse
-import json
-import logging
 import os
-import threading
 
-threading.Timer(200, lambda: os._exit(98)).start()  # never outlive the test
+import numpy as np
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from tfdist.data import ImageNetTFRecordSource, ShapesSource, distribute_dataset  # noqa: E402
-
-
-class ModeRecorder(logging.Handler):
-    """Keeps the shard modes announced on the tfdist.data logger."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.modes = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        for mode in ("FILE", "RECORD"):
-            if f"sharding by {mode}" in message:
-                self.modes.append(mode.lower())
+from shard_common import run
+from tfdist.data import ImageNetTFRecordSource, ShapesSource
 
 
 def pixels_to_uint8(images, source):
@@ -54,51 +35,26 @@ def main():
     parser.add_argument("--global-batch-size", type=int, default=4)
     parser.add_argument("--shapes-examples", type=int, default=21)
     args = parser.parse_args()
+    index_of = {}
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    if os.environ.get("TFDIST_READY_FILE"):
-        open(os.environ["TFDIST_READY_FILE"], "w").close()
-    rank = strategy.cluster_resolver.task_id
+    def sources():
+        shapes = ShapesSource(args.shapes_examples, 16, seed=5, train_crop="none", flip=False)
+        index_of.update({image.tobytes(): i for i, image in enumerate(shapes.images)})
+        return {
+            "many_files": ImageNetTFRecordSource(os.path.join(args.data_dir, "many-*.tfrecord"),
+                                                 num_classes=1000, image_size=16),
+            "one_file": ImageNetTFRecordSource(os.path.join(args.data_dir, "one-*.tfrecord"),
+                                               num_classes=1000, image_size=16),
+            "shapes": shapes,
+        }
 
-    recorder = ModeRecorder()
-    logger = logging.getLogger("tfdist.data")
-    logger.setLevel(logging.INFO)
-    logger.addHandler(recorder)
+    def batch_ids(name, source, element):
+        images, labels = element
+        if name == "shapes":
+            return [index_of.get(image.tobytes(), -1) for image in pixels_to_uint8(images, source)]
+        return [int(label) for label in labels.numpy()]
 
-    shapes = ShapesSource(args.shapes_examples, 16, seed=5, train_crop="none", flip=False)
-    index_of = {image.tobytes(): i for i, image in enumerate(shapes.images)}
-    sources = {
-        "many_files": ImageNetTFRecordSource(os.path.join(args.data_dir, "many-*.tfrecord"),
-                                             num_classes=1000, image_size=16),
-        "one_file": ImageNetTFRecordSource(os.path.join(args.data_dir, "one-*.tfrecord"),
-                                           num_classes=1000, image_size=16),
-        "shapes": shapes,
-    }
-    results = {"rank": rank, "replicas": strategy.num_replicas_in_sync, "sources": {}}
-    for name, source in sources.items():
-        recorder.modes.clear()
-        dataset = distribute_dataset(strategy, source, args.global_batch_size, training=True,
-                                     seed=rank + 1, repeat=False, drop_remainder=False)
-        ids, steps = [], 0
-        for images, labels in dataset:
-            steps += 1
-            local_images = strategy.experimental_local_results(images)
-            local_labels = strategy.experimental_local_results(labels)
-            for batch_images, batch_labels in zip(local_images, local_labels):
-                if name == "shapes":
-                    ids.extend(index_of.get(image.tobytes(), -1)
-                               for image in pixels_to_uint8(batch_images, source))
-                else:
-                    ids.extend(int(label) for label in batch_labels.numpy())
-        results["sources"][name] = {"ids": ids, "modes": list(recorder.modes), "steps": steps}
-        print(f"worker {rank}: {name}: {len(ids)} examples in {steps} steps, "
-              f"modes {recorder.modes}", flush=True)
-
-    path = os.path.join(args.out, f"worker-{rank}.json")
-    with open(path + ".tmp", "w") as handle:
-        json.dump(results, handle)
-    os.replace(path + ".tmp", path)
-    os._exit(0)
+    run(sources, batch_ids, args.out, args.global_batch_size)
 
 
 if __name__ == "__main__":
