@@ -1,7 +1,7 @@
 """Multi-worker test worker for the image sources' sharding.
 
-Builds MultiWorkerMirroredStrategy from TF_CONFIG, creates TFDIST_READY_FILE,
-then for each image source iterates one training epoch of
+Builds MultiWorkerMirroredStrategy with tfdist.strategy.create_strategy (which
+signals the launcher), then for each image source iterates one training epoch of
 `distribute_dataset` (no repeat, partial last batch kept) and records the
 example ids its replicas received and the shard mode the pipeline logged.
 Writes `{out}/worker-{rank}.json`.

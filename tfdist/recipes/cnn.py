@@ -12,7 +12,7 @@ classes, 32x32, no download) and reaches a validation accuracy far above the
 import sys
 
 from tfdist.recipes.config import Option
-from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel, run_recipe
+from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel
 
 MODELS = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -115,10 +115,7 @@ RECIPE = Recipe(
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
     epilog=EPILOG)
 
-
-def main(argv=None):
-    """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
-    return run_recipe(RECIPE, argv)
+main = RECIPE.main
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class Recipe:
     build_model: Callable
     epilog: str = None
 
+    def main(self, argv=None):
+        """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
+        return run_recipe(self, argv)
+
     def all_options(self):
         """The common options with this recipe's defaults, then its own."""
         unknown = set(self.defaults) - {option.name for option in COMMON_OPTIONS}

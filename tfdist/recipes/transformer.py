@@ -12,7 +12,7 @@ level and the token accuracy rises far above it within the default run.
 import sys
 
 from tfdist.recipes.config import Option
-from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel, run_recipe
+from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel
 
 MODEL_SIZES = ("tiny", "small", "base", "large")
 
@@ -102,10 +102,7 @@ RECIPE = Recipe(
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
     epilog=EPILOG)
 
-
-def main(argv=None):
-    """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
-    return run_recipe(RECIPE, argv)
+main = RECIPE.main
 
 
 if __name__ == "__main__":
