@@ -306,6 +306,13 @@ def test_mw_logged_values_are_global_and_the_csv_holds_them(two_workers):
     # DeviceMemoryMonitor ran on both workers, before the CSV logger: its figures are logged.
     assert all("host_rss_mb" in e for r in reports for e in r["logging"]["epochs"])
     assert "host_rss_mb" in rows[0] and not any(k.startswith("gpu") for k in rows[0])
+    # ThroughputMeter and LearningRateLogger ran on both workers too; the rate
+    # depends only on the optimizer step, so the workers agree on it exactly.
+    rates = [[e["learning_rate"] for e in r["logging"]["epochs"]] for r in reports]
+    assert rates[0] == rates[1] and rates[0][0] > rates[0][1] > 0
+    assert all(e["examples_per_sec"] > 0 for r in reports for e in r["logging"]["epochs"])
+    assert float(rows[-1]["learning_rate"]) == pytest.approx(rates[0][-1])
+    assert "examples_per_sec" in rows[0]
 
 
 @pytest.mark.multiworker

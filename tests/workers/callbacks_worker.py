@@ -34,6 +34,9 @@ import tensorflow as tf  # noqa: E402
 
 from tfdist.callbacks.chief import is_chief, task_info  # noqa: E402
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks  # noqa: E402
+from tfdist.callbacks.learning_rate import LearningRateLogger  # noqa: E402
+from tfdist.callbacks.throughput import ThroughputMeter  # noqa: E402
+from tfdist.schedules import make_schedule  # noqa: E402
 from tfdist.callbacks.memory import DeviceMemoryMonitor  # noqa: E402
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError  # noqa: E402
 from tfdist.callbacks.profiler import ProfilerWindow  # noqa: E402
@@ -93,7 +96,8 @@ def trainer(strategy, on_read=False):
         layers = [keras.Input((4,))] + ([OnReadCounter()] if on_read else []) + [
             keras.layers.Dense(3)]
         model = keras.Sequential(layers)
-        optimizer = keras.optimizers.SGD(0.1)
+        optimizer = keras.optimizers.SGD(
+            make_schedule("cosine", 0.1, warmup_steps=2, total_steps=4 * EXAMPLES // GLOBAL_BATCH))
     rs = np.random.RandomState(0)
     model.set_weights([rs.standard_normal(w.shape).astype("float32") * 0.5
                        for w in model.get_weights()])
@@ -104,7 +108,9 @@ def phase_logging(strategy, rank_dir, result):
     model, fit_engine = trainer(strategy)
     logging = make_logging_callbacks(os.path.join(rank_dir, "logs"), checkpoint=True)
     recorder = EpochRecorder()
-    callbacks = ([DeviceMemoryMonitor(warn_fraction=None)] + logging + [
+    meter = ThroughputMeter(GLOBAL_BATCH, num_replicas=strategy.num_replicas_in_sync,
+                            warmup_steps=1, print_fn=None)
+    callbacks = ([meter, LearningRateLogger(), DeviceMemoryMonitor(warn_fraction=None)] + logging + [
         ProfilerWindow(os.path.join(rank_dir, "profile"), start_step=2, stop_step=4),
         NanGuard(), recorder])
     tensorboard = None
