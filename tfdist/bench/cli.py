@@ -1,0 +1,255 @@
+"""`tfdist bench` / `python -m tfdist.bench`: the command line.
+
+    tfdist bench [report] [--quick] [--out DIR] [--models transformer,cnn] ...
+    tfdist bench engine [--size small] [--batch 32] [--rounds 6] ...
+    tfdist bench point ...        (one sweep point; run by `report`)
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from tfdist.bench.workloads import MODELS
+
+SUBCOMMANDS = ("report", "engine", "point")
+
+
+def _csv(allowed, name):
+    def parse(text):
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {', '.join(map(repr, bad))} not allowed; choose from "
+                f"{', '.join(allowed)} (comma-separated)")
+        return values
+    return parse
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def report_parser():
+    """Flags of `tfdist bench [report]`.
+
+    Example:
+
+    >>> report_parser().parse_args(["--quick"]).quick
+    True
+    """
+    from tfdist.bench.settings import FACTORS
+
+    parser = argparse.ArgumentParser(
+        prog="tfdist bench [report]",
+        description="Benchmark and scaling report: throughput (examples/s, tokens/s) per "
+                    "replica and total, step-time percentiles, model FLOP/s and MFU against a "
+                    "same-run matmul peak, input-wait share, a scaling sweep over replicas and "
+                    "workers, and a settings comparison (precision, XLA, engine), written to "
+                    "report.md, results.json and scaling.png.",
+        epilog="Examples:\n  tfdist bench --quick --out /tmp/bench\n"
+               "  tfdist bench --models transformer --sizes transformer=small --batch 32\n"
+               "  tfdist bench engine --size small --batch 32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-results", help="output folder (default %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny workloads, one short round per measurement (for tests)")
+    parser.add_argument("--models", type=_csv(MODELS, "--models"), default=MODELS,
+                        help="comma-separated: transformer,cnn (default both)")
+    parser.add_argument("--sizes", default="",
+                        help="model sizes, e.g. transformer=small,cnn=resnet18 (default: "
+                             "transformer tiny, cnn resnet_tiny)")
+    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None,
+                        help="the Transformer's data (default synthetic tokens; the CNN always "
+                             "uses the embedded shapes)")
+    parser.add_argument("--sequence-length", type=_positive, default=None)
+    parser.add_argument("--vocab-size", type=_positive, default=None)
+    parser.add_argument("--batch", type=_positive, default=None,
+                        help="per-replica batch (weak scaling) or global batch (strong); "
+                             "default: transformer 16, cnn 64")
+    parser.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                        help="weak: fixed per-replica batch (default); strong: fixed global batch")
+    parser.add_argument("--max-replicas", type=_non_negative, default=2,
+                        help="sweep 1..N devices on one worker (default 2; 0: no sweep)")
+    parser.add_argument("--max-workers", type=_positive, default=2,
+                        help="sweep 2..W workers of one device each via tfdist.launch (default 2)")
+    parser.add_argument("--precision", default="float32",
+                        choices=("auto", "float32", "mixed_bfloat16", "mixed_float16"),
+                        help="precision of the sweep (default float32)")
+    parser.add_argument("--xla", default="auto", choices=("auto", "on", "off"),
+                        help="XLA of the sweep (default auto)")
+    parser.add_argument("--compare", type=_csv(FACTORS + ("none",), "--compare"),
+                        default=FACTORS, help="settings to compare: precision,xla,engine or none")
+    parser.add_argument("--rounds", type=_positive, default=3,
+                        help="alternating rounds of the settings comparison (default 3)")
+    parser.add_argument("--steps", type=_positive, default=3,
+                        help="measured steps per setting and round (default 3)")
+    parser.add_argument("--sweep-rounds", type=_positive, default=2)
+    parser.add_argument("--sweep-steps", type=_positive, default=3)
+    parser.add_argument("--sweep-repeats", type=_positive, default=1,
+                        help="run the whole sweep this many times, alternating its order; each "
+                             "point keeps its median (default 1)")
+    parser.add_argument("--point-timeout", type=float, default=600.0,
+                        help="seconds per sweep point before it is stopped (default 600)")
+    return parser
+
+
+def engine_parser():
+    """Flags of `tfdist bench engine`.
+
+    Example:
+
+    >>> engine_parser().parse_args([]).size
+    'small'
+    """
+    parser = argparse.ArgumentParser(
+        prog="tfdist bench engine",
+        description="tfdist's engine vs Keras model.fit on the Transformer recipe's model, in "
+                    "one process, alternating rounds: same settings (float32; XLA off and on) "
+                    "and defaults vs defaults (tfdist: --strategy/--precision/--xla auto as the "
+                    "recipe resolves them; Keras: compile() defaults, jit_compile='auto').")
+    parser.add_argument("--model", choices=MODELS, default="transformer")
+    parser.add_argument("--size", default=None,
+                        help="model size (default: transformer small = 4 layers, d=256, 8 heads)")
+    parser.add_argument("--batch", type=_positive, default=32, help="global batch (default 32)")
+    parser.add_argument("--sequence-length", type=_positive, default=128)
+    parser.add_argument("--vocab-size", type=_positive, default=8000)
+    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None)
+    parser.add_argument("--strategy", default="default",
+                        help="strategy of the same-settings pairs: default (none), one_device, "
+                             "mirrored (default: default)")
+    parser.add_argument("--devices", type=_positive, default=None,
+                        help="devices of that strategy (e.g. 1 for mirrored)")
+    parser.add_argument("--same-xla", type=_csv(("off", "on"), "--same-xla"),
+                        default=("off", "on"), help="XLA settings of the same-settings pairs")
+    parser.add_argument("--rounds", type=_positive, default=6)
+    parser.add_argument("--steps", type=_positive, default=3)
+    parser.add_argument("--warmup-steps", type=_positive, default=2)
+    parser.add_argument("--recipe-flags", default="",
+                        help="more recipe flags for the model, e.g. '--dropout 0'")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="after the rounds, profile 2 steps of each contender into DIR and "
+                             "print where the time goes (op kinds)")
+    parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, 1 round of 2 steps (for tests)")
+    return parser
+
+
+def _sizes(text):
+    sizes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        model, _, size = item.partition("=")
+        if model not in MODELS or not size:
+            raise ValueError(f"--sizes item {item!r} must be MODEL=SIZE with MODEL one of "
+                             f"{', '.join(MODELS)}, e.g. transformer=small.")
+        sizes[model] = size
+    return sizes
+
+
+def run_report_command(argv):
+    """`tfdist bench [report]`; returns the exit code."""
+    from tfdist.bench.run import ReportOptions, command_line, run_report
+
+    args = report_parser().parse_args(argv)
+    options = ReportOptions(
+        models=args.models, out_dir=args.out, quick=args.quick, sizes=_sizes(args.sizes),
+        batch=args.batch, scaling=args.scaling, max_replicas=args.max_replicas,
+        max_workers=args.max_workers, precision=args.precision, xla=args.xla,
+        factors=() if "none" in args.compare else args.compare, rounds=args.rounds,
+        steps=args.steps, sweep_rounds=args.sweep_rounds, sweep_steps=args.sweep_steps,
+        sweep_repeats=args.sweep_repeats,
+        sequence_length=args.sequence_length, vocab_size=args.vocab_size, data=args.data,
+        point_timeout=args.point_timeout, command=command_line(["report"] + list(argv)))
+    for model in options.models:
+        options.workload(model)  # validate sizes and data before any work
+    result = run_report(options)
+    print(f"Wrote {', '.join(result['outputs'])}")
+    failed = [f"{model} {row['replicas']}x{row['workers']}"
+              for model, section in result["scaling"].items() for row in section["rows"]
+              if "error" in row]
+    if failed:
+        print(f"tfdist bench: failed sweep points: {', '.join(failed)} (see points/*.log)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_engine_command(argv):
+    """`tfdist bench engine`; returns the exit code."""
+    import shlex
+
+    from tfdist.bench.compare import format_comparison
+    from tfdist.bench.engine_compare import TITLE, compare_engines
+    from tfdist.bench.workloads import Workload
+
+    args = engine_parser().parse_args(argv)
+    if args.quick:
+        workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
+                                                            else "resnet_tiny"),
+                            sequence_length=32, vocab_size=256, image_size=16,
+                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
+        rounds, steps, warmup = 1, 2, 1
+    else:
+        workload = Workload(args.model, size=args.size, data=args.data,
+                            sequence_length=args.sequence_length, vocab_size=args.vocab_size,
+                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
+        rounds, steps, warmup = args.rounds, args.steps, args.warmup_steps
+    report = compare_engines(workload, args.batch if not args.quick else 8,
+                             strategy=args.strategy, devices=args.devices,
+                             same_xla=args.same_xla, rounds=rounds, steps=steps,
+                             warmup_steps=warmup, log=print, profile_dir=args.profile)
+    print(format_comparison(report, TITLE))
+    if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+        with open(args.json_out, "w") as stream:
+            json.dump(report, stream, indent=1, sort_keys=True, default=str)
+        print(f"Wrote {args.json_out}")
+    return 0
+
+
+def main(argv=None):
+    """Dispatches `tfdist bench [report|engine|point] ARGS`; returns the exit code.
+
+    Example:
+
+    >>> main(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
+    0
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.getLogger("tfdist").setLevel(logging.WARNING)
+    # Contenders of one process each trace their own step: TensorFlow's
+    # "excessive retracing" warning about that is noise here.
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    command = "report"
+    if argv and argv[0] in SUBCOMMANDS:
+        command, argv = argv[0], argv[1:]
+    try:
+        if command == "point":
+            from tfdist.bench.point import main as point_main
+            return point_main(argv)
+        if command == "engine":
+            return run_engine_command(argv)
+        return run_report_command(argv)
+    except ValueError as error:
+        print(f"tfdist bench {command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,345 @@
+"""Comparing settings in one process: build entrants, alternate, report ratios.
+
+An `Entrant` is a `Setting` under a named strategy; a comparison is a pair
+of entrant names whose throughput ratio is reported (the median of the
+round-by-round ratios, see `figures.paired_ratio`). The engine benchmark
+(`engine_compare`) and the settings benchmark (`settings`) are both lists of
+entrants and comparisons run through `run_comparison`.
+
+Example:
+
+    entrants = [Entrant("fp32", Setting("tfdist", "float32", "off")),
+                Entrant("bf16", Setting("tfdist", "mixed_bfloat16", "off"))]
+    report = run_comparison(entrants, [("bf16 vs fp32", "bf16", "fp32")],
+                            Workload("transformer", size="small"), global_batch_size=32)
+    print(format_comparison(report))
+"""
+
+import dataclasses
+import logging
+import os
+import time
+
+from tfdist.bench import figures as fig
+from tfdist.bench.alternate import Rounds, run_rounds, summarise, summarise_times
+from tfdist.bench.engines import Contender, Setting
+from tfdist.bench.load import LoadMonitor
+
+logger = logging.getLogger("tfdist")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entrant:
+    """A contender to build: a `Setting` under a named strategy.
+
+    Args:
+        name: a unique short name, e.g. "tfdist fp32 xla-off".
+        setting: the `Setting`.
+        strategy: a `tfdist.strategy.create_strategy` name ("default",
+            "one_device", "mirrored", "auto", ...).
+        devices: devices for the strategy (None: its default).
+        optional: when building or warming it up fails (e.g. a precision
+            this machine cannot run), report it as unsupported and go on.
+
+    Example:
+
+    >>> Entrant("bf16", Setting("tfdist", "mixed_bfloat16", "off"), optional=True).strategy
+    'default'
+    """
+
+    name: str
+    setting: Setting
+    strategy: str = "default"
+    devices: int = None
+    optional: bool = False
+
+
+class PipelineProbe:
+    """The input pipeline alone, as a contender that alternates with training.
+
+    `run(steps)` fetches `steps * batches_per_step` global batches from the
+    training pipeline (the same source, batch and shuffling) and returns
+    the time of each batch.
+
+    Args:
+        workload: the `Workload`.
+        global_batch_size: examples per batch.
+        seed: shuffle seed.
+        batches_per_step: batches fetched per requested step (the pipeline
+            is much faster than training; more batches give a steadier rate).
+
+    Example:
+
+    >>> probe = PipelineProbe(Workload("cnn"), 128)
+    >>> probe.warm_up()
+    >>> len(probe.run(2))
+    40
+    """
+
+    policy = "float32"
+    num_replicas = 1
+    flops_per_example = None
+    strategy_name = "none"
+
+    def __init__(self, workload, global_batch_size, seed=0, batches_per_step=20):
+        from tfdist.data import make_dataset_fn
+
+        data = workload.build_data(global_batch_size)
+        self.global_batch_size = global_batch_size
+        self.tokens_per_example = data.tokens_per_example
+        self.batches_per_step = batches_per_step
+        self._dataset = make_dataset_fn(data.train, global_batch_size, training=True,
+                                        seed=seed)(None)
+
+    def run(self, steps, input="pipeline", warmup_steps=1):
+        """Fetches batches; returns per-batch seconds (the first `warmup_steps` left out)."""
+        iterator = iter(self._dataset)
+        for _ in range(warmup_steps):
+            next(iterator)
+        times = []
+        last = time.perf_counter()
+        for _ in range(steps * self.batches_per_step):
+            next(iterator)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        return times
+
+    def warm_up(self, steps=2, inputs=("pipeline",)):
+        """Builds the iterator once (file reads, shuffle buffer), unmeasured."""
+        self.run(steps, warmup_steps=0)
+
+    def describe(self):
+        """What this contender is."""
+        return {"engine": "input pipeline only", "precision": self.policy, "xla": False,
+                "xla_reason": "no model"}
+
+
+PIPELINE = "input pipeline"
+"""Name of the `PipelineProbe` entry in a comparison report."""
+
+
+def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
+    """Builds a `Contender` per entrant.
+
+    An entrant that resolves to exactly what an earlier one is (same engine,
+    strategy, devices, precision and XLA) shares that contender instead of
+    being measured twice. An optional entrant that fails to build is left
+    out and reported as unsupported.
+
+    Returns:
+        `(contenders, alias, unsupported)`: `{name: Contender}` of the
+        distinct ones, `{entrant name: measured contender name}`, and
+        `{entrant name: error message}`.
+    """
+    from tfdist.strategy import create_strategy
+
+    log = log or (lambda line: None)
+    strategies, contenders, alias, keys, unsupported = {}, {}, {}, {}, {}
+    for entrant in entrants:
+        key = (entrant.strategy, entrant.devices)
+        if key not in strategies:
+            strategies[key] = create_strategy(entrant.strategy, devices=entrant.devices)
+        try:
+            contender = Contender(entrant.setting, workload, strategies[key], global_batch_size,
+                                  seed=seed)
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            if not entrant.optional:
+                raise
+            unsupported[entrant.name] = f"{type(error).__name__}: {error}"
+            log(f"  {entrant.name}: not supported here ({unsupported[entrant.name][:200]})")
+            continue
+        identity = (entrant.setting.engine, contender.strategy_name, entrant.devices,
+                    contender.policy, contender.jit_compile)
+        if identity in keys:
+            alias[entrant.name] = keys[identity]
+            continue
+        keys[identity] = entrant.name
+        alias[entrant.name] = entrant.name
+        contenders[entrant.name] = contender
+    return contenders, alias, unsupported
+
+
+def _warm_up(contenders, entrants, steps, unsupported, log):
+    optional = {e.name for e in entrants if e.optional}
+    for name in list(contenders) if steps else ():
+        start = time.perf_counter()
+        try:
+            contenders[name].warm_up(steps)
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            if name not in optional:
+                raise
+            unsupported[name] = f"{type(error).__name__}: {error}"
+            log(f"  {name}: not supported here ({unsupported[name][:200]})")
+            del contenders[name]
+            continue
+        log(f"  warm-up {name}: {time.perf_counter() - start:.0f} s")
+
+
+def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds=5, steps=4,
+                   warmup_steps=2, seed=0, measure_peaks=True, pipeline_probe=False,
+                   peak_size=None, profile_dir=None, log=None):
+    """Builds the entrants, runs them in alternating rounds and reports.
+
+    Args:
+        entrants: a list of `Entrant`s (unique names).
+        comparisons: a list of `(label, numerator entrant, denominator
+            entrant)`; the ratio is numerator / denominator throughput.
+        workload: a `tfdist.bench.workloads.Workload`.
+        global_batch_size: examples per step.
+        rounds: alternating rounds, >= 1.
+        steps: measured steps per contender and round.
+        warmup_steps: unmeasured steps per contender before the rounds.
+        seed: weights and data order (the same for every contender).
+        measure_peaks: measure the matmul peak of each precision in use,
+            before and after the rounds (the best counts), for MFU.
+        pipeline_probe: also alternate the input pipeline alone
+            (`PipelineProbe`), for the input-bound check.
+        peak_size: side of the peak matmul (None: `peak.DEFAULT_SIZE`).
+        profile_dir: after the rounds, profile 2 steps of each contender
+            into `profile_dir/<name>` and add where the time goes
+            (`tfdist.bench.profile`) to the report as `profiles`.
+        log: called with progress lines, or None.
+
+    Returns:
+        A JSON-able dict: `workload`, `global_batch_size`, `rounds`,
+        `steps`, `contenders` ({name: figures}), `comparisons` (label,
+        numerator, denominator, their examples/s, `ratio`, `low`, `high`,
+        `rounds`; or `error` when one side is unsupported), `unsupported`,
+        `peaks` ({precision: FLOP/s}), `load` (see `LoadMonitor`) and, with
+        the probe, `input_pipeline`.
+    """
+    from tfdist.bench.peak import DEFAULT_SIZE, measure_matmul_peak
+
+    names = [e.name for e in entrants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Entrant names must be unique, got {names}.")
+    for label, a, b in comparisons:
+        if a not in names or b not in names:
+            raise ValueError(f"Comparison {label!r} names {a!r} and {b!r}; entrants are {names}.")
+    log = log or (lambda line: None)
+    monitor = LoadMonitor().start()
+    contenders, alias, unsupported = build_entrants(entrants, workload, global_batch_size,
+                                                    seed=seed, log=log)
+    _warm_up(contenders, entrants, warmup_steps, unsupported, log)
+    if pipeline_probe:
+        contenders[PIPELINE] = PipelineProbe(workload, global_batch_size, seed=seed)
+        contenders[PIPELINE].warm_up()
+    size = peak_size or DEFAULT_SIZE
+    peaks = {}
+    policies = sorted({c.policy for n, c in contenders.items() if n != PIPELINE})
+    if measure_peaks:
+        for policy in policies:
+            peaks[policy] = measure_matmul_peak(policy, size=size)["flops_per_sec"]
+    results = run_rounds(contenders, rounds, steps, warmup_steps=0, log=log)
+    if measure_peaks:
+        for policy in policies:
+            peaks[policy] = max(peaks[policy],
+                                measure_matmul_peak(policy, size=size)["flops_per_sec"])
+    summaries = {}
+    for name, contender in contenders.items():
+        if name == PIPELINE:
+            continue
+        summaries[name] = summarise(contender, results[name], peaks.get(contender.policy))
+        summaries[name]["strategy"] = contender.strategy_name
+    profiles = {}
+    if profile_dir:
+        from tfdist.bench.profile import capture_profile, summarise_profile
+
+        for name, contender in contenders.items():
+            if name != PIPELINE:
+                folder = os.path.join(profile_dir, name.replace(" ", "_"))
+                profiles[name] = summarise_profile(capture_profile(contender, folder))
+    report = {"workload": dataclasses.asdict(workload), "workload_label": workload.label,
+              "global_batch_size": global_batch_size, "rounds": rounds, "steps": steps,
+              "contenders": summaries, "unsupported": unsupported,
+              "peaks": peaks, "peak_matmul_size": size}
+    report["comparisons"] = [
+        _comparison(label, alias.get(a, a), alias.get(b, b), results, summaries, unsupported)
+        for label, a, b in comparisons]
+    if profiles:
+        report["profiles"] = profiles
+    if pipeline_probe:
+        report["input_pipeline"] = input_check(results[PIPELINE], summaries, alias,
+                                               entrants[0].name)
+    report["load"] = monitor.stop()
+    return report
+
+
+def _comparison(label, a, b, results, summaries, unsupported):
+    missing = [name for name in (a, b) if name not in summaries]
+    if missing:
+        return {"label": label, "numerator": a, "denominator": b,
+                "error": "; ".join(f"{n}: {unsupported.get(n, 'not measured')}" for n in missing)}
+    paired = fig.paired_ratio(results[a].round_throughput(), results[b].round_throughput())
+    return dict(label=label, numerator=a, denominator=b,
+                numerator_examples_per_sec=summaries[a]["examples_per_sec"],
+                denominator_examples_per_sec=summaries[b]["examples_per_sec"], **paired)
+
+
+def input_check(pipeline_rounds, summaries, alias, training_name):
+    """The input-bound check: pipeline alone vs the training rate, same rounds.
+
+    Args:
+        pipeline_rounds: the `Rounds` of the `PipelineProbe`.
+        summaries: contender figures (`summarise` results).
+        alias: entrant name -> measured contender name.
+        training_name: the entrant whose training rate is compared.
+
+    Returns:
+        `{"pipeline_examples_per_sec", "training_examples_per_sec",
+        "headroom", "paired_headroom", "warning"}` (warning None when the
+        pipeline is at least `figures.INPUT_HEADROOM_WARNING` times faster).
+    """
+    name = alias.get(training_name, training_name)
+    pipeline = summarise_times(pipeline_rounds)["examples_per_sec"]
+    training = summaries[name]["examples_per_sec"]
+    headroom = fig.input_headroom(pipeline, training)
+    return {"training": name, "pipeline_examples_per_sec": pipeline,
+            "training_examples_per_sec": training, "headroom": headroom,
+            "warning": fig.input_bound_advice(headroom)}
+
+
+def format_comparison(report, title):
+    """Human-readable lines of a `run_comparison` report.
+
+    Example:
+
+    >>> print(format_comparison(report, "Settings"))
+    """
+    lines = [f"{title}: {report['workload_label']}, global batch {report['global_batch_size']}, "
+             f"{report['rounds']} alternating rounds x {report['steps']} steps"]
+    for policy, peak in report["peaks"].items():
+        lines.append(f"  matmul peak {policy}: {peak / 1e9:.1f} GFLOP/s "
+                     f"({report['peak_matmul_size']}x{report['peak_matmul_size']}, same run)")
+    for name, s in report["contenders"].items():
+        tokens = f", {s['tokens_per_sec']:,.0f} tokens/s" if "tokens_per_sec" in s else ""
+        mfu = f", MFU {100 * s['mfu']:.1f}%" if "mfu" in s else ""
+        lines.append(f"  {name:<24} {s['examples_per_sec']:8.1f} examples/s{tokens}, step p50 "
+                     f"{s['step_time_p50_ms']:.0f} ms{mfu}  [{s['strategy']}, {s['precision']}, "
+                     f"XLA {'on' if s['xla'] else 'off'}: {s['xla_reason']}]")
+    for name, error in report["unsupported"].items():
+        lines.append(f"  {name:<24} unsupported: {error[:160]}")
+    for c in report["comparisons"]:
+        if "error" in c:
+            lines.append(f"  {c['label']}: not measured ({c['error'][:160]})")
+            continue
+        lines.append(f"  {c['label']}: {c['ratio']:.2f}x (per-round {c['low']:.2f}..{c['high']:.2f};"
+                     f" {c['numerator']} {c['numerator_examples_per_sec']:.1f} vs "
+                     f"{c['denominator']} {c['denominator_examples_per_sec']:.1f} examples/s)")
+    check = report.get("input_pipeline")
+    if check:
+        lines.append(f"  input pipeline alone: {check['pipeline_examples_per_sec']:.0f} examples/s"
+                     f" = {check['headroom']:.1f}x the training rate of {check['training']}")
+        if check["warning"]:
+            lines.append(f"  WARNING: {check['warning']}")
+    if report.get("profiles"):
+        from tfdist.bench.profile import format_profile
+
+        lines.append("  where the time goes (self time of ops on the compute threads):")
+        lines += [format_profile(name, summary) for name, summary in report["profiles"].items()]
+    load = report.get("load") or {}
+    if load:
+        lines.append(f"  machine load: other processes used {100 * load['others_share']:.0f}% of "
+                     f"the {load['cores']} CPUs during this comparison")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""tfdist's engine vs Keras `model.fit`: same model, data, precision and strategy.
+
+Two kinds of comparison, measured in one process in alternating rounds:
+
+* **same settings**: both engines with the same precision, XLA setting and
+  strategy (float32; XLA off, and XLA on);
+* **defaults vs defaults**: tfdist as a recipe resolves `--strategy auto
+  --precision auto --xla auto` on this machine, against Keras `fit` with
+  `compile()` defaults (`jit_compile="auto"`, the float32 policy, no
+  strategy), both with the recipe's optimizer, loss and metrics.
+
+Example:
+
+    report = compare_engines(Workload("transformer", size="small"), global_batch_size=32)
+    print(format_comparison(report, "tfdist engine vs Keras fit"))
+"""
+
+from tfdist.bench.compare import Entrant, run_comparison
+from tfdist.bench.engines import Setting
+
+TITLE = "tfdist engine vs Keras fit"
+
+
+def engine_entrants(strategy="default", devices=None, same_xla=("off", "on")):
+    """The entrants and comparisons of the engine benchmark.
+
+    Args:
+        strategy: strategy of the same-settings pairs ("default" = no
+            distribution; "mirrored" with `devices=1` is the other natural
+            choice).
+        devices: devices of that strategy (None: its default).
+        same_xla: XLA settings ("on", "off") of the same-settings pairs.
+
+    Returns:
+        `(entrants, comparisons)`: a list of `Entrant`s and a list of
+        `(label, tfdist entrant, keras entrant)`.
+
+    Raises:
+        ValueError: an XLA setting other than "on"/"off".
+
+    Example:
+
+    >>> entrants, comparisons = engine_entrants(same_xla=("off",))
+    >>> [label for label, _, _ in comparisons]
+    ['same settings (float32, XLA off, strategy default): tfdist / keras fit', \
+'defaults vs defaults: tfdist / keras fit']
+    """
+    entrants, comparisons = [], []
+    where = f"strategy {strategy}" + (f" x{devices}" if devices else "")
+    for xla in same_xla:
+        if xla not in ("on", "off"):
+            raise ValueError(f"same_xla holds {xla!r}; each must be 'on' or 'off'.")
+        ours, theirs = f"tfdist fp32 xla-{xla}", f"keras fp32 xla-{xla}"
+        entrants += [Entrant(ours, Setting("tfdist", "float32", xla), strategy, devices),
+                     Entrant(theirs, Setting("keras", "float32", xla), strategy, devices)]
+        comparisons.append((f"same settings (float32, XLA {xla}, {where}): tfdist / keras fit",
+                            ours, theirs))
+    entrants += [Entrant("tfdist defaults", Setting("tfdist", "auto", "auto"), "auto"),
+                 Entrant("keras defaults", Setting("keras", "float32", "auto"), "default")]
+    comparisons.append(("defaults vs defaults: tfdist / keras fit", "tfdist defaults",
+                        "keras defaults"))
+    return entrants, comparisons
+
+
+def compare_engines(workload, global_batch_size, *, strategy="default", devices=None,
+                    same_xla=("off", "on"), rounds=6, steps=3, warmup_steps=2, seed=0,
+                    measure_peaks=True, profile_dir=None, log=None):
+    """Runs the engine benchmark; returns a `run_comparison` report.
+
+    Args:
+        workload: a `tfdist.bench.workloads.Workload`.
+        global_batch_size: examples per step.
+        strategy, devices, same_xla: see `engine_entrants`.
+        rounds, steps, warmup_steps, seed, measure_peaks, profile_dir, log:
+            see `tfdist.bench.compare.run_comparison`.
+
+    Example:
+
+    >>> report = compare_engines(Workload("transformer", size="small"), 32, rounds=6)
+    >>> [round(c["ratio"], 2) for c in report["comparisons"]]
+    [1.02, 0.99, 1.41]
+    """
+    entrants, comparisons = engine_entrants(strategy, devices, same_xla)
+    return run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
+                          steps=steps, warmup_steps=warmup_steps, seed=seed,
+                          measure_peaks=measure_peaks, profile_dir=profile_dir, log=log)

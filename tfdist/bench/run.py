@@ -1,0 +1,217 @@
+"""The full benchmark report: scaling sweep, settings comparison, input check.
+
+Order of work: the sweep points first (each in fresh processes, while this
+process only waits), then, in this process, the matmul peaks and the
+settings comparison with the input-pipeline probe, all alternating. Results
+go to `report.md`, `results.json` and `scaling.png` in the output folder.
+
+Example:
+
+    result = run_report(ReportOptions(models=("transformer",), quick=True, out_dir="out"))
+"""
+
+import dataclasses
+import datetime
+import os
+import platform
+import sys
+
+from tfdist.bench.load import LoadMonitor
+from tfdist.bench.workloads import Workload
+
+QUICK = {
+    "transformer": dict(size="tiny", sequence_length=32, vocab_size=256, batch=8),
+    "cnn": dict(size="resnet_tiny", image_size=16, batch=16),
+}
+"""Small workloads of `--quick` (for tests: seconds per step, not minutes)."""
+
+FULL = {
+    "transformer": dict(size="tiny", sequence_length=128, vocab_size=8000, batch=16),
+    "cnn": dict(size="resnet_tiny", image_size=None, batch=64),
+}
+"""Workloads of the default report, sized so that the whole default run
+(sweep over 1..2 replicas and 1..2 workers, settings comparison, input
+check, for both models) finishes in under 10 minutes on 2 CPU cores."""
+
+
+@dataclasses.dataclass
+class ReportOptions:
+    """What `run_report` measures (the CLI's flags).
+
+    Args:
+        models: "transformer" and/or "cnn".
+        out_dir: output folder.
+        quick: tiny workloads and one short round (for tests).
+        sizes: `{model: size}` overrides.
+        batch: per-replica (weak) or global (strong) batch; None: per model.
+        scaling: "weak" or "strong".
+        max_replicas, max_workers: sweep extent (0 replicas: no sweep).
+        precision, xla: the sweep's tfdist settings.
+        factors: settings comparison factors ("precision", "xla",
+            "engine"); empty for none.
+        rounds, steps: alternating rounds and steps of the comparison.
+        sweep_rounds, sweep_steps: the same for every sweep point.
+        sweep_repeats: runs of the whole sweep (each point keeps its median).
+        sequence_length, vocab_size: of the Transformer's synthetic tokens.
+        data: the Transformer's data, "synthetic" or "embedded".
+        point_timeout: seconds per sweep point.
+        command: the command line, for the report.
+    """
+
+    models: tuple = ("transformer", "cnn")
+    out_dir: str = "bench-results"
+    quick: bool = False
+    sizes: dict = dataclasses.field(default_factory=dict)
+    batch: int = None
+    scaling: str = "weak"
+    max_replicas: int = 2
+    max_workers: int = 2
+    precision: str = "float32"
+    xla: str = "auto"
+    factors: tuple = ("precision", "xla", "engine")
+    rounds: int = 3
+    steps: int = 3
+    sweep_rounds: int = 2
+    sweep_steps: int = 3
+    sweep_repeats: int = 1
+    sequence_length: int = None
+    vocab_size: int = None
+    data: str = None
+    point_timeout: float = 600.0
+    command: str = ""
+
+    def workload(self, model):
+        """The `Workload` of `model` under these options.
+
+        Example:
+
+        >>> ReportOptions(quick=True).workload("transformer").size
+        'tiny'
+        """
+        base = (QUICK if self.quick else FULL)[model]
+        options = {"size": self.sizes.get(model, base["size"])}
+        if model == "transformer":
+            options.update(sequence_length=self.sequence_length or base["sequence_length"],
+                           vocab_size=self.vocab_size or base["vocab_size"], data=self.data)
+        else:
+            options["image_size"] = base["image_size"]
+        return Workload(model, **options)
+
+    def batch_for(self, model):
+        """The sweep's batch (per replica for weak scaling, global for strong)."""
+        return self.batch or (QUICK if self.quick else FULL)[model]["batch"]
+
+
+def machine_meta(command=""):
+    """What the figures were measured on.
+
+    Example:
+
+    >>> machine_meta()["device_kind"]
+    'CPU'
+    """
+    import keras
+    import tensorflow as tf
+
+    from tfdist.devices import gpu_count
+
+    model_name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    model_name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpus = gpu_count()
+    machine = (f"{gpus} GPU(s)" if gpus else f"{os.cpu_count()} CPU cores ({model_name})")
+    return {"device_kind": "GPU" if gpus else "CPU", "machine": machine,
+            "tensorflow": tf.__version__, "keras": keras.__version__,
+            "python": platform.python_version(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": command}
+
+
+def run_report(options, log=print):
+    """Runs the sweep and comparisons of `options` and writes the outputs.
+
+    Returns:
+        The result dict (also written to `results.json`): `meta`, `peaks`,
+        `scaling` ({model: {workload, mode, batch_label, rows}}),
+        `settings` ({model: comparison report}), `load`, `outputs`.
+    """
+    from tfdist.bench import report as report_lib
+    from tfdist.bench.compare import format_comparison
+    from tfdist.bench.peak import measure_matmul_peak
+    from tfdist.bench.settings import TITLE, compare_settings
+    from tfdist.bench.sweep import global_batch_for, run_sweep, sweep_points
+
+    monitor = LoadMonitor().start()
+    quick = options.quick
+    result = {"meta": machine_meta(options.command), "peaks": {}, "scaling": {},
+              "settings": {}}
+    sweeps = {}
+    if options.max_replicas > 0:
+        points = sweep_points(options.max_replicas, max(options.max_workers, 1))
+        for model in options.models:
+            workload = options.workload(model)
+            batch = options.batch_for(model)
+            for point in points:
+                global_batch_for(point, options.scaling, batch)  # fail early on a bad batch
+            log(f"Scaling sweep, {workload.label}, {options.scaling} scaling "
+                f"({'per-replica' if options.scaling == 'weak' else 'global'} batch {batch}):")
+            sweeps[model] = run_sweep(
+                workload, points, mode=options.scaling, batch=batch, precision=options.precision,
+                xla=options.xla, rounds=1 if quick else options.sweep_rounds,
+                steps=2 if quick else options.sweep_steps, warmup_steps=1 if quick else 2,
+                out_dir=options.out_dir, timeout=options.point_timeout,
+                repeats=options.sweep_repeats, log=log)
+    if sweeps:
+        peak_policy = sweeps_precision(sweeps, options.precision)
+        peak = measure_matmul_peak(peak_policy, size=512 if quick else 2048)
+        result["peaks"][peak_policy] = peak["flops_per_sec"]
+        for model, points in sweeps.items():
+            batch = options.batch_for(model)
+            result["scaling"][model] = {
+                "workload": options.workload(model).label, "mode": options.scaling,
+                "batch_label": (f"per-replica batch {batch}" if options.scaling == "weak"
+                                else f"global batch {batch}"),
+                "rows": report_lib.scaling_rows(points, peak["flops_per_sec"])}
+    if options.factors:
+        for model in options.models:
+            workload = options.workload(model)
+            log(f"Settings comparison, {workload.label}:")
+            # One replica: the sweep's batch is then the global batch in both modes.
+            settings = compare_settings(
+                workload, options.batch_for(model), factors=options.factors,
+                rounds=1 if quick else options.rounds, steps=2 if quick else options.steps,
+                warmup_steps=1 if quick else 2, log=log)
+            result["settings"][model] = settings
+            log(format_comparison(settings, TITLE))
+    result["load"] = monitor.stop()
+    result["outputs"] = report_lib.write_report(result, options.out_dir)
+    return result
+
+
+def sweeps_precision(sweeps, asked):
+    """The resolved precision of the sweep points (what the peak must use).
+
+    Example:
+
+    >>> sweeps_precision({"cnn": [{"precision": "float32"}]}, "auto")
+    'float32'
+    """
+    for points in sweeps.values():
+        for point in points:
+            if "error" not in point and point.get("precision"):
+                return point["precision"]
+    if asked == "auto":
+        from tfdist.precision import resolve_precision
+        return resolve_precision("auto").policy
+    return asked
+
+
+def command_line(argv):
+    """The command line as typed, for the report."""
+    return " ".join(["tfdist bench"] + list(argv if argv is not None else sys.argv[1:]))
