@@ -48,7 +48,7 @@ def test_profile_sums_self_time_by_kind_on_compute_threads():
     summary = profile.summarise_events(lines)
     assert summary["total"] == 200
     kinds = {k: v["time"] for k, v in summary["kinds"].items()}
-    assert kinds == {"matmul": 110, "softmax/loss": 20, "dropout rng": 25,
+    assert kinds == {"matmul": 110, "softmax/loss": 20, "rng and bitwise": 25,
                      "data and copies": 25, "elementwise and other": 20}
     assert summary["kinds"]["matmul"]["share"] == pytest.approx(0.55)
     assert summary["top_ops"][0] == ("MatMul", 60)
@@ -59,7 +59,7 @@ def test_profile_sums_self_time_by_kind_on_compute_threads():
     ("gradient_tape/decoder_lm/lm_head/Tensordot/MatMul", "matmul"),
     ("attention/einsum/Einsum", "matmul"), ("dot.12", "matmul"),
     ("convolution.3", "matmul"), ("subtract_exponential_fusion", "softmax/loss"),
-    ("dropout/StatelessRandomUniformV2", "dropout rng"), ("concatenate_bitcast_fusion.2",
+    ("dropout/StatelessRandomUniformV2", "rng and bitwise"), ("concatenate_bitcast_fusion.2",
                                                           "data and copies"),
     ("AssignSubVariableOp", "elementwise and other")])
 def test_op_kind(name, kind):

@@ -3,7 +3,6 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tfdist.callbacks.learning_rate import LearningRateLogger
 from tfdist.callbacks.learning_rate import LearningRateScheduleCallback

@@ -27,20 +27,37 @@ logger = logging.getLogger("tfdist")
 class Rounds:
     """The step times of one contender, per input and per round.
 
-    Attributes:
+    Args:
         global_batch_size: examples per step.
         times: `{input: [[seconds per step, ...] per round]}`.
+
+    Example:
+
+    >>> Rounds(64, {"pipeline": [[0.5, 0.5], [1.0]]}).pooled()
+    [0.5, 0.5, 1.0]
     """
 
     global_batch_size: int
     times: dict = dataclasses.field(default_factory=dict)
 
     def pooled(self, input="pipeline"):
-        """All measured step times of `input`, in seconds."""
+        """All measured step times of `input` ("pipeline" or "memory"), in seconds.
+
+        Args:
+            input: which input's rounds.
+
+        Example:
+
+        >>> Rounds(8, {"memory": [[0.1], [0.2]]}).pooled("memory")
+        [0.1, 0.2]
+        """
         return [t for round_times in self.times.get(input, []) for t in round_times]
 
     def round_throughput(self, input="pipeline"):
         """Examples/s of each round of `input` (global batch / mean step time).
+
+        Args:
+            input: which input's rounds.
 
         Example:
 
@@ -112,6 +129,12 @@ def summarise(contender, rounds, peak_flops=None):
     Returns:
         A dict of figures (see `summarise_times`) plus the contender's
         resolved settings.
+
+    Example:
+
+    >>> results = run_rounds({"ours": contender}, rounds=2, steps=3)
+    >>> summarise(contender, results["ours"], peak_flops=1.3e11)["mfu"]
+    0.44
     """
     result = summarise_times(
         rounds, num_replicas=contender.num_replicas,

@@ -17,6 +17,7 @@ SUBCOMMANDS = ("report", "engine", "point")
 
 
 def _csv(allowed, name):
+    """An argparse type: comma-separated values, each one of `allowed`."""
     def parse(text):
         values = tuple(v.strip() for v in text.split(",") if v.strip())
         bad = [v for v in values if v not in allowed]
@@ -49,7 +50,10 @@ def _non_negative(text):
 
 
 def report_parser():
-    """Flags of `tfdist bench [report]`.
+    """Flags of `tfdist bench [report]` (no arguments; see `--help`).
+
+    Args:
+        none.
 
     Example:
 
@@ -113,7 +117,10 @@ def report_parser():
 
 
 def engine_parser():
-    """Flags of `tfdist bench engine`.
+    """Flags of `tfdist bench engine` (no arguments; see `--help`).
+
+    Args:
+        none.
 
     Example:
 
@@ -166,7 +173,19 @@ def _sizes(text):
 
 
 def run_report_command(argv):
-    """`tfdist bench [report]`; returns the exit code."""
+    """`tfdist bench [report]`: runs the full report; returns the exit code.
+
+    Args:
+        argv: the flags after `report` (see `report_parser`).
+
+    Returns:
+        0; 1 when a sweep point failed (the report is still written).
+
+    Example:
+
+    >>> run_report_command(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
+    0
+    """
     from tfdist.bench.run import ReportOptions, command_line, run_report
 
     args = report_parser().parse_args(argv)
@@ -194,7 +213,16 @@ def run_report_command(argv):
 
 
 def run_engine_command(argv):
-    """`tfdist bench engine`; returns the exit code."""
+    """`tfdist bench engine`: tfdist vs Keras fit; returns the exit code.
+
+    Args:
+        argv: the flags after `engine` (see `engine_parser`).
+
+    Example:
+
+    >>> run_engine_command(["--quick", "--json-out", "/tmp/engine.json"])  # doctest: +SKIP
+    0
+    """
     import shlex
 
     from tfdist.bench.compare import format_comparison
@@ -228,6 +256,11 @@ def run_engine_command(argv):
 
 def main(argv=None):
     """Dispatches `tfdist bench [report|engine|point] ARGS`; returns the exit code.
+
+    Args:
+        argv: the arguments after `bench` (default `sys.argv[1:]`); a first
+            argument `report`, `engine` or `point` picks the sub-command,
+            anything else means `report`. Bad values exit 2 with a message.
 
     Example:
 

@@ -21,7 +21,7 @@ import os
 import time
 
 from tfdist.bench import figures as fig
-from tfdist.bench.alternate import Rounds, run_rounds, summarise, summarise_times
+from tfdist.bench.alternate import run_rounds, summarise, summarise_times
 from tfdist.bench.engines import Contender, Setting
 from tfdist.bench.load import LoadMonitor
 
@@ -92,7 +92,18 @@ class PipelineProbe:
                                         seed=seed)(None)
 
     def run(self, steps, input="pipeline", warmup_steps=1):
-        """Fetches batches; returns per-batch seconds (the first `warmup_steps` left out)."""
+        """Fetches batches; returns per-batch seconds.
+
+        Args:
+            steps: requested steps (`steps * batches_per_step` batches are timed).
+            input: ignored (the pipeline is the input); for the contender interface.
+            warmup_steps: batches fetched first and left out (iterator start-up).
+
+        Example:
+
+        >>> len(PipelineProbe(Workload("cnn"), 128, batches_per_step=10).run(2))
+        20
+        """
         iterator = iter(self._dataset)
         for _ in range(warmup_steps):
             next(iterator)
@@ -106,11 +117,26 @@ class PipelineProbe:
         return times
 
     def warm_up(self, steps=2, inputs=("pipeline",)):
-        """Builds the iterator once (file reads, shuffle buffer), unmeasured."""
+        """Builds the iterator once (file reads, shuffle buffer), unmeasured.
+
+        Args:
+            steps: steps to fetch (times `batches_per_step`).
+            inputs: ignored; for the contender interface.
+
+        Example:
+
+        >>> probe.warm_up()
+        """
         self.run(steps, warmup_steps=0)
 
     def describe(self):
-        """What this contender is."""
+        """What this contender is, in the keys of `Contender.describe`.
+
+        Example:
+
+        >>> probe.describe()["engine"]
+        'input pipeline only'
+        """
         return {"engine": "input pipeline only", "precision": self.policy, "xla": False,
                 "xla_reason": "no model"}
 
@@ -127,10 +153,23 @@ def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
     being measured twice. An optional entrant that fails to build is left
     out and reported as unsupported.
 
+    Args:
+        entrants: a list of `Entrant`s.
+        workload: the `Workload` every contender trains.
+        global_batch_size: examples per step.
+        seed: weights and data order.
+        log: called with a line per unsupported entrant, or None.
+
     Returns:
         `(contenders, alias, unsupported)`: `{name: Contender}` of the
         distinct ones, `{entrant name: measured contender name}`, and
         `{entrant name: error message}`.
+
+    Example:
+
+    >>> contenders, alias, _ = build_entrants(engine_entrants()[0], Workload("cnn"), 64)
+    >>> alias["keras defaults"]  # jit_compile="auto" is off on a CPU-only machine
+    'keras fp32 xla-off'
     """
     from tfdist.strategy import create_strategy
 
@@ -208,6 +247,13 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
         `rounds`; or `error` when one side is unsupported), `unsupported`,
         `peaks` ({precision: FLOP/s}), `load` (see `LoadMonitor`) and, with
         the probe, `input_pipeline`.
+
+    Example:
+
+    >>> report = run_comparison(entrants, [("bf16 vs fp32", "bf16", "fp32")],
+    ...                         Workload("transformer", size="tiny"), 16, rounds=3)
+    >>> report["comparisons"][0]["ratio"]
+    0.53
     """
     from tfdist.bench.peak import DEFAULT_SIZE, measure_matmul_peak
 
@@ -288,8 +334,14 @@ def input_check(pipeline_rounds, summaries, alias, training_name):
 
     Returns:
         `{"pipeline_examples_per_sec", "training_examples_per_sec",
-        "headroom", "paired_headroom", "warning"}` (warning None when the
-        pipeline is at least `figures.INPUT_HEADROOM_WARNING` times faster).
+        "headroom", "warning"}` (warning None when the pipeline is at least
+        `figures.INPUT_HEADROOM_WARNING` times faster).
+
+    Example:
+
+    >>> input_check(Rounds(64, {"pipeline": [[0.01, 0.01]]}),
+    ...             {"fp32": {"examples_per_sec": 1600.0}}, {}, "fp32")["headroom"]
+    4.0
     """
     name = alias.get(training_name, training_name)
     pipeline = summarise_times(pipeline_rounds)["examples_per_sec"]
@@ -302,6 +354,10 @@ def input_check(pipeline_rounds, summaries, alias, training_name):
 
 def format_comparison(report, title):
     """Human-readable lines of a `run_comparison` report.
+
+    Args:
+        report: the dict `run_comparison` returns.
+        title: the first line's title.
 
     Example:
 

@@ -18,8 +18,6 @@ Example:
 
 import dataclasses
 
-from tfdist.bench.timing import StepClock
-
 ENGINES = ("tfdist", "keras")
 XLA_CHOICES = ("on", "off", "auto")
 INPUTS = ("pipeline", "memory")
@@ -65,7 +63,7 @@ class Setting:
 
     @property
     def label(self):
-        """A short label, e.g. 'tfdist, mixed_bfloat16, XLA off'."""
+        """A short label, e.g. 'tfdist, mixed_bfloat16, XLA off' (see the class example)."""
         engine = "keras fit" if self.engine == "keras" else "tfdist"
         return f"{engine}, {self.precision}, XLA {self.xla}"
 
@@ -194,6 +192,8 @@ class Contender:
             raise ValueError(f"input must be one of {', '.join(INPUTS)}, got {input!r}.")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+        from tfdist.bench.timing import StepClock
+
         clock = StepClock(warmup_steps=warmup_steps)
         options = dict(epochs=1, steps_per_epoch=steps + warmup_steps,
                        callbacks=[clock, *callbacks], verbose=0)
@@ -206,6 +206,10 @@ class Contender:
     def warm_up(self, steps=2, inputs=("pipeline",)):
         """Runs the first steps (tracing, XLA compilation) for each input, unmeasured.
 
+        Args:
+            steps: steps per input.
+            inputs: "pipeline" and/or "memory".
+
         Example:
 
         >>> contender.warm_up(inputs=("pipeline", "memory"))
@@ -214,7 +218,13 @@ class Contender:
             self.run(steps, input=name, warmup_steps=0)
 
     def describe(self):
-        """What was resolved: engine, precision policy and XLA, with reasons."""
+        """What was resolved: engine, precision policy and XLA, with reasons.
+
+        Example:
+
+        >>> Contender(Setting("tfdist", "auto", "auto"), workload, strategy, 32).describe()["xla"]
+        True
+        """
         return {"engine": self.setting.engine, "precision_asked": self.setting.precision,
                 "precision": self.policy, "precision_reason": self.precision_reason,
                 "xla_asked": self.setting.xla, "xla": bool(self.jit_compile),

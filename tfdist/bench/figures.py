@@ -114,6 +114,10 @@ def matmul_flops(n, m=None, k=None):
 def flops_per_sec(flops, seconds):
     """FLOP/s of work `flops` done in `seconds`.
 
+    Args:
+        flops: the work, >= 0.
+        seconds: the time it took, > 0.
+
     Example:
 
     >>> flops_per_sec(17179869184, 0.1) / 1e9

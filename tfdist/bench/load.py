@@ -56,6 +56,12 @@ def _own_cpu_seconds():
 class LoadMonitor:
     """Measures what other processes took of the CPU between `start` and `stop`.
 
+    "Own" CPU time is this process's and that of its children that have
+    exited (a sweep point's processes count as its own once they are done).
+
+    Args:
+        none.
+
     Example:
 
     >>> monitor = LoadMonitor().start()
@@ -69,7 +75,7 @@ class LoadMonitor:
         self._start = None
 
     def start(self):
-        """Starts the window; returns self."""
+        """Starts the window; returns self (see the class example)."""
         try:
             self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
         except (OSError, ValueError, IndexError):
@@ -77,7 +83,8 @@ class LoadMonitor:
         return self
 
     def stop(self):
-        """Ends the window; returns the shares (an empty dict where /proc is missing)."""
+        """Ends the window; returns the shares (see the class example; an
+        empty dict where /proc is missing)."""
         if self._start is None:
             return {}
         try:

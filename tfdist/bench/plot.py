@@ -13,6 +13,9 @@ def series(rows):
 
     The 1-replica, 1-worker baseline starts both series.
 
+    Args:
+        rows: scaling rows (`report.scaling_rows`).
+
     Returns:
         `{series label: [(replicas, examples/s, efficiency), ...]}` (failed
         points left out; a series with only the baseline is dropped).

@@ -24,7 +24,10 @@ from tfdist.bench.workloads import DATA_KINDS, MODELS
 
 
 def build_parser():
-    """The `point` sub-command's flags.
+    """The `point` sub-command's flags (no arguments; see `--help`).
+
+    Args:
+        none.
 
     Example:
 
@@ -62,6 +65,9 @@ def build_parser():
 
 def run_point(args):
     """Measures the point described by parsed `args`.
+
+    Args:
+        args: the parsed flags of `build_parser`.
 
     Returns:
         `(figures, is_chief)`: the figures (a dict: `summarise`'s, plus
@@ -104,7 +110,17 @@ def run_point(args):
 
 
 def main(argv):
-    """Runs the `point` sub-command; returns the exit code."""
+    """Runs the `point` sub-command; returns the exit code.
+
+    Args:
+        argv: the flags after `point` (see `build_parser`).
+
+    Example:
+
+    >>> main(["--model", "cnn", "--global-batch-size", "64", "--devices", "1",
+    ...       "--json-out", "/tmp/p.json"])  # doctest: +SKIP
+    0
+    """
     args = build_parser().parse_args(argv)
     figures, chief = run_point(args)
     if chief:

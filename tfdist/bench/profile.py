@@ -4,7 +4,7 @@
 `ProfilerWindow` callback (a TensorBoard profile you can also open in
 TensorBoard's Profile tab); `summarise_profile` reads the XSpace file and
 adds up the *self* time of every TensorFlow op and XLA HLO op executed on
-the compute threads, grouped into kinds (matmul, softmax/loss, dropout RNG,
+the compute threads, grouped into kinds (matmul, softmax/loss, RNG and bitwise,
 elementwise and other), so XLA and non-XLA steps are read the same way.
 
 Example:
@@ -23,7 +23,7 @@ KINDS = (
     ("matmul", re.compile(r"matmul|batchmatmul|einsum|(^|[^a-z])dot|convolution|conv2d|"
                           r"tensordot|gemm", re.I)),
     ("softmax/loss", re.compile(r"softmax|crossentropy|exponential|logsumexp|log_", re.I)),
-    ("dropout rng", re.compile(r"random|rng|bitwise|philox|threefry", re.I)),
+    ("rng and bitwise", re.compile(r"random|rng|bitwise|philox|threefry", re.I)),
     ("data and copies", re.compile(r"iterator|dataset|copy|transpose|concatenate|slice|gather|"
                                    r"scatter|identity|bitcast|reshape|broadcast|select", re.I)),
 )
@@ -32,12 +32,17 @@ OTHER = "elementwise and other"
 
 # Events that only wrap other events (their self time is bookkeeping).
 _CONTAINERS = re.compile(r"^(ExecutorState::|ThunkExecutor::|CpuExecutable::|BlockUntilReady|"
-                         r"ParallelFor|KernelAndDeviceFunc|EagerKernelExecute|ExecutorDoneCallback|.*::Run$)")
+                         r"ParallelFor|KernelAndDeviceFunc|EagerKernelExecute|"
+                         r"ExecutorDoneCallback|.*::Run$)")
 _COMPUTE_LINE = re.compile(r"^(tf_Compute|tf_numa_.*Eigen|tf_inter_op|XLA|tf_XLA)", re.I)
 
 
 def op_kind(name):
     """The kind of an op from its (TF or HLO) name.
+
+    Args:
+        name: a TensorFlow op name (`scope/.../MatMul`) or an XLA HLO name
+            (`dot.3`, `add_fusion`).
 
     Example:
 
@@ -92,7 +97,8 @@ def summarise_events(lines):
 
     Example:
 
-    >>> summarise_events({"tf_Compute/1": [("MatMul", 0, 6), ("Add", 6, 2), ("Softmax", 8, 2)]})["kinds"]["matmul"]
+    >>> lines = {"tf_Compute/1": [("MatMul", 0, 6), ("Add", 6, 2), ("Softmax", 8, 2)]}
+    >>> summarise_events(lines)["kinds"]["matmul"]
     {'time': 6, 'share': 0.6}
     """
     by_kind = collections.Counter()
@@ -113,10 +119,19 @@ def summarise_events(lines):
 
 
 def read_xspace(path):
-    """Reads the compute-thread timelines of a profile's `.xplane.pb` file.
+    """Reads the timelines of a profile's `.xplane.pb` file.
+
+    Args:
+        path: the `.xplane.pb` file (see `find_xspace`).
 
     Returns:
-        `{thread name: [(op name, start_ps, duration_ps), ...]}` of the host plane.
+        `{thread name: [(op name, start_ps, duration_ps), ...]}`.
+
+    Example:
+
+    >>> lines = read_xspace(find_xspace("profiles/tfdist_fp32"))
+    >>> summarise_events(lines)["kinds"]["matmul"]["share"]
+    0.62
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -135,6 +150,14 @@ def read_xspace(path):
 
 def find_xspace(log_dir):
     """The newest `.xplane.pb` under `log_dir` (as `ProfilerWindow` writes it).
+
+    Args:
+        log_dir: the folder given to `ProfilerWindow` / `capture_profile`.
+
+    Example:
+
+    >>> find_xspace("profiles/tfdist_fp32")
+    'profiles/tfdist_fp32/plugins/profile/2026_11_22_15_32_06/vm.xplane.pb'
 
     Raises:
         FileNotFoundError: none there.
@@ -156,6 +179,11 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1):
 
     Returns:
         The path of the `.xplane.pb` file.
+
+    Example:
+
+    >>> summarise_profile(capture_profile(contender, "profiles/ours"))["kinds"]["matmul"]
+    {'time': 5432100000, 'share': 0.62}
     """
     from tfdist.callbacks import ProfilerWindow
 
@@ -165,7 +193,16 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1):
 
 
 def summarise_profile(path_or_dir):
-    """`summarise_events` of a profile file (or the newest one in a log folder)."""
+    """`summarise_events` of a profile file (or the newest one in a log folder).
+
+    Args:
+        path_or_dir: a `.xplane.pb` file, or a `ProfilerWindow` log folder.
+
+    Example:
+
+    >>> summarise_profile("profiles/ours")["path"].endswith(".xplane.pb")
+    True
+    """
     path = path_or_dir if path_or_dir.endswith(".xplane.pb") else find_xspace(path_or_dir)
     summary = summarise_events(read_xspace(path))
     summary["path"] = path
@@ -173,7 +210,11 @@ def summarise_profile(path_or_dir):
 
 
 def format_profile(name, summary):
-    """One line per kind, e.g. 'matmul 58%'.
+    """One line: each kind's share, then the top op names.
+
+    Args:
+        name: the contender's name.
+        summary: a `summarise_events` / `summarise_profile` result.
 
     Example:
 

@@ -77,6 +77,10 @@ def _num(value, digits=1, percent=False):
 def markdown_table(header, rows):
     """A GitHub Markdown table.
 
+    Args:
+        header: column titles.
+        rows: lists of cells (anything printable).
+
     Example:
 
     >>> print(markdown_table(["a", "b"], [[1, 2]]))
@@ -97,6 +101,9 @@ SCALING_HEADER = ["Replicas", "Workers", "Precision", "XLA", "Global batch",
 
 def scaling_table(rows):
     """The Markdown scaling table of `scaling_rows` (failed points say so).
+
+    Args:
+        rows: the result of `scaling_rows`.
 
     Example:
 
@@ -128,7 +135,16 @@ CONTENDER_HEADER = ["Setting", "Precision", "XLA", "Throughput (examples/s)", "T
 
 
 def contender_table(report):
-    """The Markdown table of every contender of a comparison report."""
+    """The Markdown table of every contender of a comparison report.
+
+    Args:
+        report: a `tfdist.bench.compare.run_comparison` report.
+
+    Example:
+
+    >>> print(contender_table(report).splitlines()[0])
+    | Setting | Precision | XLA | Throughput (examples/s) | ...
+    """
     cells = []
     for name, s in report["contenders"].items():
         cells.append([
@@ -145,7 +161,16 @@ def contender_table(report):
 
 
 def ratio_table(report):
-    """The Markdown table of a comparison report's ratios."""
+    """The Markdown table of a comparison report's ratios.
+
+    Args:
+        report: a `tfdist.bench.compare.run_comparison` report.
+
+    Example:
+
+    >>> print(ratio_table(report).splitlines()[2])
+    | XLA on / off (tfdist, float32) | **1.13x** | 1.05-1.36 | 16.3 / 14.4 |
+    """
     cells = []
     for c in report["comparisons"]:
         if "error" in c:
@@ -159,7 +184,16 @@ def ratio_table(report):
 
 
 def render_markdown(result):
-    """The whole `report.md` text of a `tfdist bench` result dict."""
+    """The whole `report.md` text of a `tfdist bench` result dict.
+
+    Args:
+        result: the dict of `tfdist.bench.run.run_report`.
+
+    Example:
+
+    >>> render_markdown(result).startswith("# tfdist benchmark (CPU)")
+    True
+    """
     meta = result["meta"]
     lines = [f"# tfdist benchmark ({meta['device_kind']})", "",
              f"{meta['machine']}; TensorFlow {meta['tensorflow']}, Keras {meta['keras']}; "
@@ -200,6 +234,10 @@ def render_markdown(result):
 def write_report(result, out_dir):
     """Writes `report.md`, `results.json` and `scaling.png` (when there is a
     sweep) into `out_dir`; returns the paths written.
+
+    Args:
+        result: the dict of `tfdist.bench.run.run_report`.
+        out_dir: the output folder (created if needed).
 
     Example:
 

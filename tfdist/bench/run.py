@@ -56,6 +56,11 @@ class ReportOptions:
         data: the Transformer's data, "synthetic" or "embedded".
         point_timeout: seconds per sweep point.
         command: the command line, for the report.
+
+    Example:
+
+    >>> ReportOptions(models=("cnn",), quick=True).batch_for("cnn")
+    16
     """
 
     models: tuple = ("transformer", "cnn")
@@ -83,6 +88,9 @@ class ReportOptions:
     def workload(self, model):
         """The `Workload` of `model` under these options.
 
+        Args:
+            model: "transformer" or "cnn".
+
         Example:
 
         >>> ReportOptions(quick=True).workload("transformer").size
@@ -98,12 +106,24 @@ class ReportOptions:
         return Workload(model, **options)
 
     def batch_for(self, model):
-        """The sweep's batch (per replica for weak scaling, global for strong)."""
+        """The sweep's batch (per replica for weak scaling, global for strong).
+
+        Args:
+            model: "transformer" or "cnn".
+
+        Example:
+
+        >>> ReportOptions().batch_for("transformer")
+        16
+        """
         return self.batch or (QUICK if self.quick else FULL)[model]["batch"]
 
 
 def machine_meta(command=""):
     """What the figures were measured on.
+
+    Args:
+        command: the command line, recorded as is.
 
     Example:
 
@@ -135,6 +155,15 @@ def machine_meta(command=""):
 
 def run_report(options, log=print):
     """Runs the sweep and comparisons of `options` and writes the outputs.
+
+    Args:
+        options: a `ReportOptions`.
+        log: called with progress lines.
+
+    Example:
+
+    >>> run_report(ReportOptions(quick=True, out_dir="/tmp/bench"))["outputs"]
+    ['/tmp/bench/report.md', '/tmp/bench/results.json', '/tmp/bench/scaling.png']
 
     Returns:
         The result dict (also written to `results.json`): `meta`, `peaks`,
@@ -197,6 +226,10 @@ def run_report(options, log=print):
 def sweeps_precision(sweeps, asked):
     """The resolved precision of the sweep points (what the peak must use).
 
+    Args:
+        sweeps: `{model: sweep points}`.
+        asked: the precision asked for (used when no point succeeded).
+
     Example:
 
     >>> sweeps_precision({"cnn": [{"precision": "float32"}]}, "auto")
@@ -213,5 +246,14 @@ def sweeps_precision(sweeps, asked):
 
 
 def command_line(argv):
-    """The command line as typed, for the report."""
+    """The command line as typed, for the report.
+
+    Args:
+        argv: the arguments after `bench`.
+
+    Example:
+
+    >>> command_line(["--quick"])
+    'tfdist bench --quick'
+    """
     return " ".join(["tfdist bench"] + list(argv if argv is not None else sys.argv[1:]))

@@ -28,6 +28,10 @@ SCALING_MODES = ("weak", "strong")
 class SweepPoint:
     """One point: `devices` replicas on each of `workers` workers.
 
+    Args:
+        devices: devices (replicas) per worker, >= 1.
+        workers: worker processes, >= 1.
+
     Example:
 
     >>> SweepPoint(devices=2, workers=1).replicas
@@ -84,7 +88,8 @@ def global_batch_for(point, mode, batch):
 
     Example:
 
-    >>> global_batch_for(SweepPoint(2, 1), "weak", 16), global_batch_for(SweepPoint(2, 1), "strong", 16)
+    >>> point = SweepPoint(2, 1)
+    >>> global_batch_for(point, "weak", 16), global_batch_for(point, "strong", 16)
     (32, 16)
     """
     if mode not in SCALING_MODES:
@@ -102,6 +107,16 @@ def global_batch_for(point, mode, batch):
 def point_command(workload, point, global_batch_size, precision, xla, rounds, steps,
                   warmup_steps, json_out, input_share=True):
     """The command line of one point's process (one worker's, under the launcher).
+
+    Args:
+        workload: the `Workload`.
+        point: the `SweepPoint` (1 worker: mirrored over its devices; more:
+            multi_worker_mirrored).
+        global_batch_size: the point's global batch.
+        precision, xla: the tfdist settings.
+        rounds, steps, warmup_steps: the measurement.
+        json_out: where the chief writes its figures.
+        input_share: also run the memory rounds.
 
     Example:
 
@@ -140,6 +155,11 @@ def run_point_process(command, point, log_path, timeout):
 
     Returns:
         The exit status (0 on success).
+
+    Example:
+
+    >>> run_point_process(point_command(...), SweepPoint(1, 2), "p.log", timeout=300)
+    0
     """
     from tfdist.launch import launch
 
@@ -188,6 +208,11 @@ def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto",
         A list of dicts, one per point: `devices`, `workers`, `replicas`,
         `global_batch_size`, `seconds`, `load`, `repeat_examples_per_sec`,
         and the figures, or `error`.
+
+    Example:
+
+    >>> run_sweep(Workload("cnn"), sweep_points(2, 2), mode="weak", batch=64,
+    ...           out_dir="bench-results")[1]["examples_per_sec"]  # doctest: +SKIP
     """
     from tfdist.bench.load import LoadMonitor
 
@@ -232,6 +257,9 @@ def median_run(entries):
     """The entry with the median throughput among a point's repeats (the
     lower median for an even count); a failed entry only when all failed.
     Every repeat's throughput is kept as `repeat_examples_per_sec`.
+
+    Args:
+        entries: one point's entries of `run_sweep`, one per repeat.
 
     Example:
 

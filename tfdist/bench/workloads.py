@@ -91,7 +91,13 @@ class Workload:
         return module.MODELS
 
     def recipe_module(self):
-        """The recipe module (`tfdist.recipes.transformer` or `.cnn`)."""
+        """The recipe module (`tfdist.recipes.transformer` or `.cnn`).
+
+        Example:
+
+        >>> Workload("cnn").recipe_module().__name__
+        'tfdist.recipes.cnn'
+        """
         return importlib.import_module(f"tfdist.recipes.{self.model}")
 
     @property
@@ -133,6 +139,9 @@ class Workload:
     def build_data(self, global_batch_size):
         """The training data: a `tfdist.recipes.runner.RecipeData`.
 
+        Args:
+            global_batch_size: examples per step (the recipe's config needs it).
+
         Image examples are cast to the compute dtype of the Keras policy in
         force when the pipeline is built: set the precision first.
 
@@ -149,13 +158,33 @@ class Workload:
     def build_model(self, data, global_batch_size):
         """The recipe's model, loss and metrics (call inside the strategy scope).
 
+        Args:
+            data: the `RecipeData` of `build_data`.
+            global_batch_size: examples per step.
+
         Returns:
             A `tfdist.recipes.runner.RecipeModel` (with `flops_per_example`).
+
+        Example:
+
+        >>> with strategy.scope():
+        ...     built = workload.build_model(workload.build_data(32), 32)
         """
         return self.recipe_module().build_model(self.recipe_config(global_batch_size), data)
 
     def build_optimizer(self, global_batch_size, total_steps=1000):
-        """The recipe's optimizer and schedule (call inside the strategy scope)."""
+        """The recipe's optimizer and schedule (call inside the strategy scope).
+
+        Args:
+            global_batch_size: examples per step.
+            total_steps: length of the learning-rate schedule (its warmup is
+                capped at half of it).
+
+        Example:
+
+        >>> with strategy.scope():
+        ...     optimizer = Workload("transformer").build_optimizer(32)  # AdamW, cosine
+        """
         from tfdist.optimizers import build_optimizer
 
         config = self.recipe_config(global_batch_size)
