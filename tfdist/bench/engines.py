@@ -112,7 +112,7 @@ class Contender:
         from tfdist.data import distribute_dataset, make_dataset_fn
         from tfdist.devices import gpu_count
         from tfdist.precision import resolve_precision
-        from tfdist.recipes.runner import resolve_xla
+        from tfdist.xla import resolve_xla
         from tfdist.strategy import describe_strategy
         from tfdist.training import Trainer
 

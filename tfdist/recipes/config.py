@@ -19,8 +19,8 @@ import os
 import yaml
 
 from tfdist.precision import PRECISIONS
+from tfdist.xla import XLA_MODES
 
-XLA_MODES = ("auto", "on", "off")
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"

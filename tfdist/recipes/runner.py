@@ -22,6 +22,7 @@ import sys
 from typing import Callable
 
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config
+from tfdist.xla import resolve_xla
 
 logger = logging.getLogger("tfdist")
 
@@ -111,30 +112,6 @@ class Recipe:
         common = [dataclasses.replace(option, default=self.defaults[option.name])
                   if option.name in self.defaults else option for option in COMMON_OPTIONS]
         return common + list(self.options)
-
-
-def resolve_xla(mode, precision_policy, on_gpu):
-    """Decides whether to XLA-compile the replica step, and says why.
-
-    `auto` turns XLA on everywhere except for bfloat16 on CPUs, where
-    XLA measured slower than TensorFlow's own bfloat16 kernels (DESIGN.md:
-    4,500 vs 5,040 tokens/s on the Transformer); on float32 CPUs it doubled
-    throughput.
-
-    Example:
-
-    >>> resolve_xla("auto", "float32", on_gpu=False)
-    (True, 'auto: XLA doubles float32 throughput on CPUs')
-    """
-    if mode == "on":
-        return True, "asked for"
-    if mode == "off":
-        return False, "asked for"
-    if on_gpu:
-        return True, "auto: XLA fuses kernels on GPUs"
-    if precision_policy == "mixed_bfloat16":
-        return False, "auto: TensorFlow's bfloat16 CPU kernels beat XLA's"
-    return True, "auto: XLA doubles float32 throughput on CPUs"
 
 
 def _configure_logging(verbose):

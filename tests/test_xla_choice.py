@@ -1,0 +1,43 @@
+"""tfdist.xla.resolve_xla: the `--xla` decision and its reason."""
+
+import pytest
+
+from tfdist.xla import XLA_MODES, resolve_xla
+
+
+@pytest.mark.parametrize("policy,on_gpu,expected", [
+    ("float32", False, True),
+    ("mixed_float16", False, True),
+    ("mixed_bfloat16", False, False),
+    ("float32", True, True),
+    ("mixed_bfloat16", True, True),
+])
+def test_auto_decision(policy, on_gpu, expected):
+    jit_compile, reason = resolve_xla("auto", policy, on_gpu=on_gpu)
+    assert jit_compile is expected
+    assert reason.startswith("auto: ")
+
+
+@pytest.mark.parametrize("mode,expected", [("on", True), ("off", False)])
+def test_asked_for_wins_over_auto_rules(mode, expected):
+    for policy in ("float32", "mixed_bfloat16"):
+        for on_gpu in (False, True):
+            assert resolve_xla(mode, policy, on_gpu) == (expected, "asked for")
+
+
+def test_unknown_mode_names_value_and_choices():
+    with pytest.raises(ValueError) as error:
+        resolve_xla("yes", "float32", on_gpu=False)
+    message = str(error.value)
+    assert "'yes'" in message
+    assert all(mode in message for mode in XLA_MODES)
+
+
+def test_resolving_does_not_start_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys; from tfdist.xla import resolve_xla; resolve_xla('auto', 'float32', False);"
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,55 @@
+"""When tfdist XLA-compiles the replica step (`--xla auto|on|off`).
+
+`auto` compiles everywhere except bfloat16 on CPUs. Measured figures behind
+that choice (README, Performance; DESIGN.md):
+
+- GPUs: XLA fuses elementwise kernels into their matmuls; on by default.
+- float32 on CPUs: the gain grows with the model. On a 2-core AVX2 CPU the
+  Transformer `base` (6 layers, d=512) trains 1.18x faster with XLA and
+  reaches 75% of the float32 matmul FLOP/s; the tiny and small ones gain
+  between 0.9x and 1.2x, run to run. On an AMX CPU the small one gained 2.1x
+  (DESIGN.md).
+- bfloat16 on CPUs: TensorFlow's own bfloat16 kernels beat XLA's (DESIGN.md:
+  5,040 vs 4,500 tokens/s on the small Transformer).
+
+Example:
+
+    jit_compile, reason = resolve_xla("auto", "float32", on_gpu=False)
+"""
+
+XLA_MODES = ("auto", "on", "off")
+
+
+def resolve_xla(mode, precision_policy, on_gpu):
+    """Decides whether to XLA-compile the replica step, and says why.
+
+    Args:
+        mode: "auto", "on" or "off".
+        precision_policy: the resolved Keras policy name ("float32",
+            "mixed_float16", "mixed_bfloat16").
+        on_gpu: whether the step runs on GPUs.
+
+    Returns:
+        `(jit_compile, reason)`: a bool, and a short reason for the log.
+
+    Raises:
+        ValueError: an unknown mode (the allowed ones are named).
+
+    Example:
+
+    >>> resolve_xla("auto", "float32", on_gpu=False)
+    (True, 'auto: XLA fuses the elementwise ops of float32 steps on CPUs')
+    >>> resolve_xla("auto", "mixed_bfloat16", on_gpu=False)
+    (False, "auto: TensorFlow's bfloat16 CPU kernels beat XLA's")
+    """
+    if mode not in XLA_MODES:
+        raise ValueError(f"Unknown XLA mode {mode!r}; choose one of {', '.join(XLA_MODES)}.")
+    if mode == "on":
+        return True, "asked for"
+    if mode == "off":
+        return False, "asked for"
+    if on_gpu:
+        return True, "auto: XLA fuses kernels on GPUs"
+    if precision_policy == "mixed_bfloat16":
+        return False, "auto: TensorFlow's bfloat16 CPU kernels beat XLA's"
+    return True, "auto: XLA fuses the elementwise ops of float32 steps on CPUs"
