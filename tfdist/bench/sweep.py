@@ -145,7 +145,8 @@ def point_command(workload, point, global_batch_size, precision, xla, rounds, st
 
 
 def run_point_process(command, point, log_path, timeout):
-    """Runs one point's command (under `tfdist.launch` for several workers).
+    """Runs one point's command (under `tfdist.launch` for several workers,
+    each with `point.devices` GPUs of its own where there are GPUs).
 
     Args:
         command: from `point_command`.
@@ -162,6 +163,7 @@ def run_point_process(command, point, log_path, timeout):
     0
     """
     from tfdist.launch import launch
+    from tfdist.launch.gpus import visible_gpus
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONUNBUFFERED="1")
@@ -174,8 +176,11 @@ def run_point_process(command, point, log_path, timeout):
             except subprocess.TimeoutExpired:
                 log.write(f"\ntfdist bench: point stopped after its {timeout:.0f} s timeout\n")
                 return 124
-        return launch(command, point.workers, timeout=timeout, startup_timeout=min(timeout, 180),
-                      output=log, errors=log, env=env, grace_period=2.0)
+        # On a GPU machine each worker gets GPUs of its own (not all of them each).
+        gpus_per_worker = point.devices if visible_gpus(env) else None
+        return launch(command, point.workers, gpus_per_worker=gpus_per_worker, timeout=timeout,
+                      startup_timeout=min(timeout, 180), output=log, errors=log, env=env,
+                      grace_period=2.0)
 
 
 def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto", rounds=2,

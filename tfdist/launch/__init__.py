@@ -8,7 +8,7 @@ TensorFlow, so it starts instantly.
 
 Command line:
 
-    python -m tfdist.launch --workers N [--devices-per-worker M]
+    python -m tfdist.launch --workers N [--devices-per-worker M] [--gpus-per-worker K]
         [--startup-timeout S] [--timeout T] [--grace-period G]
         [--host 127.0.0.1] -- <command...>
 
@@ -21,6 +21,9 @@ Every worker's environment has:
   "task": {"type": "worker", "index": i}} (one already set is replaced);
 - TFDIST_RANK = i, TFDIST_WORLD_SIZE = N, PYTHONUNBUFFERED = 1;
 - TFDIST_DEVICES_PER_WORKER = M when --devices-per-worker is given;
+- CUDA_VISIBLE_DEVICES = the i-th K of the launcher's GPUs when
+  --gpus-per-worker K is given (too few GPUs is an error before any worker
+  starts; see `tfdist.launch.gpus`);
 - TFDIST_READY_FILE: a path in a temporary directory the launcher owns. The
   worker creates it once its strategy is up (tfdist's strategy factory does;
   other programs can touch it themselves).

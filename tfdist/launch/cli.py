@@ -48,6 +48,10 @@ def build_parser():
                         help="number of worker processes (>= 1)")
     parser.add_argument("--devices-per-worker", type=_positive_int, default=None,
                         help="exported to each worker as TFDIST_DEVICES_PER_WORKER")
+    parser.add_argument("--gpus-per-worker", type=_positive_int, default=None,
+                        help="give each worker K GPUs of its own (CUDA_VISIBLE_DEVICES: "
+                             "worker i gets the i-th K of the launcher's GPUs); default: "
+                             "every worker sees every GPU")
     parser.add_argument("--startup-timeout", type=_seconds, default=300.0,
                         help="seconds for every worker to create its TFDIST_READY_FILE "
                              "or exit 0 (default 300; 0 disables); exit 125 otherwise")
@@ -103,6 +107,7 @@ def main(argv=None):
     try:
         return launch(args.command, args.workers,
                       devices_per_worker=args.devices_per_worker,
+                      gpus_per_worker=args.gpus_per_worker,
                       startup_timeout=args.startup_timeout, timeout=args.timeout,
                       host=args.host, grace_period=args.grace_period)
     except ValueError as error:

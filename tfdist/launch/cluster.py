@@ -97,13 +97,15 @@ def worker_startup_timeout(startup_timeout):
     return max(startup_timeout * 0.9, startup_timeout - 30.0)
 
 
-def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, startup_timeout=None):
+def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, startup_timeout=None,
+               gpus=None):
     """Returns the environment of worker `rank`: `base_env` plus tfdist's vars.
 
     Sets TF_CONFIG (worker 0 is the chief), TFDIST_RANK, TFDIST_WORLD_SIZE,
     TFDIST_READY_FILE, PYTHONUNBUFFERED=1 and, when given,
     TFDIST_DEVICES_PER_WORKER and TFDIST_STARTUP_TIMEOUT (read by
-    `tfdist.strategy.create_strategy`). `base_env` is not modified.
+    `tfdist.strategy.create_strategy`) and CUDA_VISIBLE_DEVICES (this
+    worker's own GPUs). `base_env` is not modified.
 
     Args:
         base_env: the environment to start from (a mapping of str to str).
@@ -112,6 +114,8 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, sta
         ready_file: the path the worker creates once it is up.
         devices_per_worker: devices each worker should use, or None.
         startup_timeout: the workers' own start-up deadline in seconds, or None.
+        gpus: this worker's GPU ids (see `tfdist.launch.gpus.assign_gpus`), or
+            None to leave CUDA_VISIBLE_DEVICES as it is.
 
     Example:
 
@@ -130,4 +134,6 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, sta
         env["TFDIST_DEVICES_PER_WORKER"] = str(devices_per_worker)
     if startup_timeout is not None:
         env["TFDIST_STARTUP_TIMEOUT"] = f"{startup_timeout:g}"
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env

@@ -13,6 +13,7 @@ import threading
 import time
 
 from tfdist.launch import cluster as cluster_lib
+from tfdist.launch import gpus as gpus_lib
 from tfdist.launch import processes
 from tfdist.launch.output import OutputPump, Sink
 
@@ -31,15 +32,16 @@ DRAIN_SECONDS = 2.0
 MESSAGE_PREFIX = "tfdist.launch: "
 
 
-def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
-           timeout=None, host="127.0.0.1", output=None, errors=None, env=None,
-           grace_period=5.0):
+def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
+           startup_timeout=300.0, timeout=None, host="127.0.0.1", output=None, errors=None,
+           env=None, grace_period=5.0):
     """Runs `command` as `workers` localhost workers and returns the exit status.
 
     Each worker gets TF_CONFIG for a cluster of `workers` workers on `host`
     (worker 0 is the chief), TFDIST_RANK, TFDIST_WORLD_SIZE,
     TFDIST_READY_FILE, PYTHONUNBUFFERED=1 and, when given,
-    TFDIST_DEVICES_PER_WORKER. Every line a worker prints is written to
+    TFDIST_DEVICES_PER_WORKER and a CUDA_VISIBLE_DEVICES of its own GPUs
+    (`gpus_per_worker`, see `tfdist.launch.gpus`). Every line a worker prints is written to
     `output` (its stdout) or `errors` (its stderr) prefixed "[worker i] ".
 
     When a worker exits non-zero or is killed by a signal, the others get
@@ -54,6 +56,10 @@ def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
         workers: the number of workers, an int >= 1.
         devices_per_worker: exported as TFDIST_DEVICES_PER_WORKER (int >= 1),
             or None to leave it unset.
+        gpus_per_worker: GPUs of its own for each worker (int >= 1): worker i
+            gets the i-th group of that many of the launcher's GPUs as its
+            CUDA_VISIBLE_DEVICES; more than there are is a ValueError. None
+            (default): every worker sees every GPU.
         startup_timeout: seconds within which every worker must create its
             TFDIST_READY_FILE or exit 0; 0 or None disables the check.
             Failing it returns `EXIT_STARTUP_TIMEOUT` (125).
@@ -86,6 +92,8 @@ def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
     workers = _check_count("workers", workers)
     if devices_per_worker is not None:
         devices_per_worker = _check_count("devices_per_worker", devices_per_worker)
+    if gpus_per_worker is not None:
+        gpus_per_worker = _check_count("gpus_per_worker", gpus_per_worker)
     startup_timeout = _check_seconds("startup_timeout", startup_timeout)
     timeout = _check_seconds("timeout", timeout)
     grace_period = _check_seconds("grace_period", grace_period) or 0.0
@@ -94,6 +102,10 @@ def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
     out = Sink(sys.stdout if output is None else output)
     err = Sink(sys.stderr if errors is None else errors)
     base_env = dict(os.environ if env is None else env)
+    gpu_groups = [None] * workers
+    if gpus_per_worker is not None:
+        gpu_groups = gpus_lib.assign_gpus(gpus_lib.visible_gpus(base_env), workers,
+                                          gpus_per_worker)
 
     ports = cluster_lib.free_ports(workers, host)
     cluster = cluster_lib.cluster_spec(host, ports)
@@ -106,8 +118,12 @@ def launch(command, workers, *, devices_per_worker=None, startup_timeout=300.0,
                        for rank in range(workers)]
         worker_deadline = cluster_lib.worker_startup_timeout(startup_timeout)
         envs = [cluster_lib.worker_env(base_env, cluster, rank, ready_files[rank],
-                                       devices_per_worker, worker_deadline)
+                                       devices_per_worker, worker_deadline,
+                                       gpus=gpu_groups[rank])
                 for rank in range(workers)]
+        if gpus_per_worker is not None:
+            err.write_line(MESSAGE_PREFIX + "GPUs per worker: " + "; ".join(
+                f"worker {rank}: {','.join(group)}" for rank, group in enumerate(gpu_groups)))
         err.write_line(MESSAGE_PREFIX + f"starting {workers} worker(s) on "
                        f"{', '.join(cluster['worker'])}: {shlex.join(command)}")
         job = _Job(command, envs, ready_files, out, err, grace_period)
