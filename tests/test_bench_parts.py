@@ -69,6 +69,10 @@ def test_op_kind(name, kind):
 def test_sweep_points_and_batches():
     assert [p.name for p in sweep_points(3, 2)] == ["r1-w1", "r2-w1", "r3-w1", "r2-w2"]
     assert [p.name for p in sweep_points(1, 1)] == ["r1-w1"]
+    assert [p.name for p in sweep_points(8, 4)] == ["r1-w1", "r2-w1", "r4-w1", "r8-w1",
+                                                   "r2-w2", "r4-w4"]
+    assert [(p.devices, p.workers) for p in sweep_points(6, 1)] == [(1, 1), (2, 1), (4, 1),
+                                                                     (6, 1)]
     point = SweepPoint(devices=2, workers=1)
     assert global_batch_for(point, "weak", 16) == 32
     assert global_batch_for(point, "strong", 16) == 16
@@ -166,3 +170,12 @@ def test_median_run_keeps_the_median_repeat_and_every_throughput():
     assert median_run([{"examples_per_sec": 2.0}, {"examples_per_sec": 1.0}])[
         "examples_per_sec"] == 1.0  # lower median of an even count
     assert "error" in median_run([{"error": "x"}])
+
+
+def test_default_sweep_extent_is_every_gpu_or_two_cpu_devices():
+    from tfdist.bench.sweep import default_max_replicas, sweep_counts
+
+    assert default_max_replicas({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}) == 8
+    assert default_max_replicas({"CUDA_VISIBLE_DEVICES": "-1"}) == 2
+    assert sweep_counts(1) == [1]
+    assert sweep_counts(16) == [1, 2, 4, 8, 16]

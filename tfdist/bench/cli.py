@@ -91,10 +91,12 @@ def report_parser():
                              "default: transformer 16, cnn 64")
     parser.add_argument("--scaling", choices=("weak", "strong"), default="weak",
                         help="weak: fixed per-replica batch (default); strong: fixed global batch")
-    parser.add_argument("--max-replicas", type=_non_negative, default=2,
-                        help="sweep 1..N devices on one worker (default 2; 0: no sweep)")
+    parser.add_argument("--max-replicas", type=_non_negative, default=None,
+                        help="sweep 1, 2, 4, ..., N devices on one worker (default: every "
+                             "GPU, or 2 logical CPU devices without GPUs; 0: no sweep)")
     parser.add_argument("--max-workers", type=_positive, default=2,
-                        help="sweep 2..W workers of one device each via tfdist.launch (default 2)")
+                        help="sweep 2, 4, ..., W workers of one device each via tfdist.launch "
+                             "(default 2; with GPUs each worker gets its own)")
     parser.add_argument("--precision", default="float32",
                         choices=("auto", "float32", "mixed_bfloat16", "mixed_float16"),
                         help="precision of the sweep (default float32)")
@@ -187,8 +189,11 @@ def run_report_command(argv):
     0
     """
     from tfdist.bench.run import ReportOptions, command_line, run_report
+    from tfdist.bench.sweep import default_max_replicas
 
     args = report_parser().parse_args(argv)
+    if args.max_replicas is None:
+        args.max_replicas = default_max_replicas()
     options = ReportOptions(
         models=args.models, out_dir=args.out, quick=args.quick, sizes=_sizes(args.sizes),
         batch=args.batch, scaling=args.scaling, max_replicas=args.max_replicas,

@@ -52,9 +52,28 @@ class SweepPoint:
         return f"r{self.replicas}-w{self.workers}"
 
 
+def sweep_counts(maximum):
+    """The counts a sweep visits up to `maximum`: powers of two, then `maximum`.
+
+    Args:
+        maximum: the largest count, >= 1.
+
+    Example:
+
+    >>> sweep_counts(8), sweep_counts(6), sweep_counts(3)
+    ([1, 2, 4, 8], [1, 2, 4, 6], [1, 2, 3])
+    """
+    counts, count = [], 1
+    while count < maximum:
+        counts.append(count)
+        count *= 2
+    return counts + [maximum]
+
+
 def sweep_points(max_replicas, max_workers):
     """The sweep: 1..max_replicas devices on one worker, then 2..max_workers
-    workers of one device each.
+    workers of one device each (powers of two and the maximum, see
+    `sweep_counts`, as scaling tables usually show 1, 2, 4, 8 GPUs).
 
     Args:
         max_replicas: largest replica count on one worker, >= 1.
@@ -64,13 +83,35 @@ def sweep_points(max_replicas, max_workers):
 
     >>> [p.name for p in sweep_points(2, 2)]
     ['r1-w1', 'r2-w1', 'r2-w2']
+    >>> [p.name for p in sweep_points(8, 1)]
+    ['r1-w1', 'r2-w1', 'r4-w1', 'r8-w1']
     """
     for name, value in (("max_replicas", max_replicas), ("max_workers", max_workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-    points = [SweepPoint(devices, 1) for devices in range(1, max_replicas + 1)]
-    points += [SweepPoint(1, workers) for workers in range(2, max_workers + 1)]
+    points = [SweepPoint(devices, 1) for devices in sweep_counts(max_replicas)]
+    points += [SweepPoint(1, workers) for workers in sweep_counts(max_workers) if workers > 1]
     return points
+
+
+def default_max_replicas(env=None):
+    """The sweep's default extent on one worker: every GPU the machine has,
+    or 2 logical CPU devices without GPUs.
+
+    Args:
+        env: the environment to read CUDA_VISIBLE_DEVICES from (default
+            `os.environ`); without it, `nvidia-smi -L` is asked.
+
+    Example:
+
+    >>> default_max_replicas({"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    4
+    >>> default_max_replicas({"CUDA_VISIBLE_DEVICES": ""})
+    2
+    """
+    from tfdist.launch.gpus import visible_gpus
+
+    return len(visible_gpus(os.environ if env is None else env)) or 2
 
 
 def global_batch_for(point, mode, batch):
