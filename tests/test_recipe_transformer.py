@@ -156,3 +156,56 @@ def test_a_relaunched_run_resumes_from_its_backup(tmp_path):
     assert "at epoch 1 step 0 (global step 20" in second.stdout
     rows = (tmp_path / "training_log.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 2  # header, epoch 1 from the first run, epoch 2 appended
+
+
+def write_text_corpus(folder, files, lines_per_file, seed):
+    """Plain text files of random 12-word lines from a 14-word vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    words = "the quick brown fox jumps over lazy dog and cat runs far away home".split()
+    folder.mkdir()
+    for i in range(files):
+        with open(folder / f"part{i}.txt", "w") as f:
+            for _ in range(lines_per_file):
+                f.write(" ".join(rng.choice(words) for _ in range(12)) + "\n")
+    return f"text:{folder}/*.txt"
+
+
+def test_text_data_with_a_validation_dataset_reports_falling_validation_loss(tmp_path):
+    train = write_text_corpus(tmp_path / "train", 3, 400, seed=0)
+    valid = write_text_corpus(tmp_path / "valid", 1, 200, seed=1)
+    result = run_recipe("transformer", [
+        "--dataset", train, "--validation-dataset", valid, "--sequence-length", "32",
+        "--global-batch-size", "16", "--epochs", "2", "--steps-per-epoch", "10",
+        "--warmup-steps", "2", "--validation-steps", "3", "--verbose", "2"])
+    assert result.returncode == 0, result.stdout[-4000:]
+    first, last = final_metric(result.stdout, "val_loss")
+    assert last < first
+    assert "reads 1 of 1 files" in result.stdout  # the validation pipeline is the other folder's
+
+
+def test_validation_dataset_with_another_vocabulary_exits_2_naming_both(tmp_path):
+    train = write_text_corpus(tmp_path / "train", 1, 50, seed=0)
+    result = run_recipe("transformer", ["--dataset", train, "--validation-dataset", "embedded",
+                                        "--sequence-length", "32"], timeout=120)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "--validation-dataset 'embedded' has a vocabulary of" in result.stdout
+    assert "has 260" in result.stdout
+    assert "Traceback" not in result.stdout
+
+
+def test_validation_text_reuses_a_built_training_vocabulary(tmp_path):
+    import argparse
+
+    from tfdist.data import make_source
+    from tfdist.recipes.transformer import validation_source
+
+    train_spec = write_text_corpus(tmp_path / "train", 1, 50, seed=0)
+    valid_spec = write_text_corpus(tmp_path / "valid", 1, 20, seed=1)
+    train = make_source(train_spec, sequence_length=16, vocabulary="build")
+    config = argparse.Namespace(dataset=train_spec, seed=0, global_batch_size=8)
+    validation = validation_source(valid_spec, train, config)
+    assert validation.vocabulary is train.vocabulary
+    assert (validation.vocab_size, validation.sequence_length) == (train.vocab_size, 16)
+    assert train.vocab_size < 260  # a built vocabulary: only the bytes of the corpus

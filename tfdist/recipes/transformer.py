@@ -24,6 +24,9 @@ OPTIONS = [
            "Tokens per example for file/TFDS data (the embedded task fixes its own).", minimum=2),
     Option("dropout", float, None, "Dropout rate (default: the model size's).", minimum=0.0),
     Option("num_examples", int, 4096, "Training examples of the embedded task.", minimum=1),
+    Option("validation_dataset", str, None,
+           "Validation data in the --dataset forms, read with the training data's vocabulary and "
+           "sequence length (default: the embedded task's validation split, or none)."),
 ]
 
 DEFAULTS = {
@@ -37,7 +40,7 @@ DEFAULTS = {
 }
 
 EPILOG = """\
-datasets (--dataset):
+datasets (--dataset, --validation-dataset):
   embedded[:TASK]       generated task, no download: reverse (default), copy, sort
   tfds:NAME             a prepared TFDS text dataset, e.g. tfds:imdb_reviews
   tfrecord:GLOB         TFRecord files of token ids or text
@@ -46,16 +49,17 @@ datasets (--dataset):
 examples:
   python -m tfdist.recipes.transformer --strategy mirrored --devices 2
   python -m tfdist.recipes.transformer --config transformer_tiny --epochs 5
+  python -m tfdist.recipes.transformer --dataset "text:train/*.txt" --validation-dataset "text:valid/*.txt"
   python -m tfdist.launch --workers 2 -- python -m tfdist.recipes.transformer --strategy multi_worker_mirrored
 """
 
 
 def build_data(config):
-    """Training and validation sources from `--dataset`."""
+    """Training and validation sources from `--dataset` and `--validation-dataset`."""
     from tfdist.data import make_source
 
     spec = config.dataset
-    if spec.split(":", 1)[0] == "embedded":
+    if _scheme(spec) == "embedded":
         train = make_source(spec, num_examples=config.num_examples, seed=config.seed, split="train")
         validation = make_source(spec, num_examples=max(config.global_batch_size * 4, 512),
                                  seed=config.seed, split="validation")
@@ -63,6 +67,8 @@ def build_data(config):
         options = {"sequence_length": config.sequence_length}
         train = make_source(spec, **options)
         validation = None
+    if config.validation_dataset:
+        validation = validation_source(config.validation_dataset, train, config)
     chance = train.chance()
     chance_figures = {}
     if chance is not None:
@@ -71,6 +77,56 @@ def build_data(config):
         train=train, validation=validation, description=train.describe(),
         tokens_per_example=train.sequence_length, chance=chance_figures,
         info={"vocab_size": train.vocab_size, "sequence_length": train.sequence_length})
+
+
+def _scheme(spec):
+    return spec.strip().split(":", 1)[0].lower()
+
+
+def validation_source(spec, train, config):
+    """The `--validation-dataset` source, tokenised like the training data.
+
+    A text source (text, TFDS, text TFRecords) reuses the training source's
+    vocabulary (a `vocabulary=build` one included) and sequence length; a
+    token-id TFRecord source gets the training vocabulary size; an embedded
+    task gets its validation split. Whatever it is, its vocabulary must be
+    the model's.
+
+    Args:
+        spec: the `--validation-dataset` string (the `--dataset` forms).
+        train: the training source.
+        config: the recipe config (seed and batch size for embedded tasks).
+
+    Raises:
+        ValueError: its vocabulary size differs from the training data's
+            (both are named).
+
+    Example:
+
+    >>> train = make_source("text:train/*.txt", sequence_length=64, vocabulary="build")
+    >>> validation_source("text:valid/*.txt", train, config).vocab_size == train.vocab_size
+    True
+    """
+    from tfdist.data import make_source
+
+    scheme = _scheme(spec)
+    if scheme == "embedded":
+        validation = make_source(spec, num_examples=max(config.global_batch_size * 4, 512),
+                                 seed=config.seed, split="validation")
+    else:
+        options = {"sequence_length": train.sequence_length}
+        vocabulary = getattr(train, "vocabulary", None)
+        if scheme in ("text", "tfds") and vocabulary is not None:
+            options["vocabulary"] = vocabulary
+        elif scheme == "tfrecord" and vocabulary is None:
+            options["vocab_size"] = train.vocab_size
+        validation = make_source(spec, **options)
+    if validation.vocab_size != train.vocab_size:
+        raise ValueError(
+            f"--validation-dataset {spec!r} has a vocabulary of {validation.vocab_size} tokens, "
+            f"but the training data {config.dataset!r} (and so the model) has "
+            f"{train.vocab_size}; validate on data of the same kind as --dataset.")
+    return validation
 
 
 def build_model(config, data):
