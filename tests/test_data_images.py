@@ -399,10 +399,11 @@ class TfdistTestImages(tfds.core.GeneratorBasedBuilder):
                                              num_classes=NUM_TFDS_IMAGES)}))
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples()}
+        return {"train": self._generate_examples(seed=2),
+                "validation": self._generate_examples(seed=3, count=4)}
 
-    def _generate_examples(self):
-        images, _ = generate_shapes(NUM_TFDS_IMAGES, 16, seed=2)
+    def _generate_examples(self, seed, count=NUM_TFDS_IMAGES):
+        images, _ = generate_shapes(count, 16, seed=seed)
         for i, image in enumerate(images):
             yield i, {"picture": image, "label": i}
 
@@ -487,3 +488,24 @@ def test_two_workers_see_every_image_exactly_once(tmp_path):
         assert [w["modes"] for w in per_worker] == [[mode], [mode]], name
         assert_exactly_once([w["ids"] for w in per_worker], ids)
         assert per_worker[0]["steps"] == per_worker[1]["steps"]
+
+
+def test_cnn_validation_on_tfds_reads_the_held_out_split(tmp_path):
+    import argparse
+
+    from tensorflow_datasets.core.utils import file_utils
+
+    from tfdist.recipes.cnn import build_data
+
+    TfdistTestImages(data_dir=str(tmp_path)).download_and_prepare()
+    config = argparse.Namespace(dataset="tfds_images:tfdist_test_images",
+                                validation_dataset="tfds_images:tfdist_test_images",
+                                image_size=None, num_classes=None, num_examples=64, seed=0,
+                                global_batch_size=8)
+    tfds.core.add_data_dir(str(tmp_path))  # the recipe passes no data_dir: TFDS searches here
+    try:
+        data = build_data(config)
+    finally:
+        file_utils.clear_registered_data_dirs()
+    assert (data.train.split, data.validation.split) == ("train", "validation")
+    assert data.validation.num_examples == 4

@@ -11,6 +11,7 @@ from tfdist.data import (BOS_ID, EOS_ID, FILE, RECORD, DatasetNotPreparedError, 
                          make_dataset_fn, make_source)
 
 NUM_DOCS = 23
+NUM_TEST_DOCS = 5
 
 
 class TfdistTestDocs(tfds.core.GeneratorBasedBuilder):
@@ -23,10 +24,11 @@ class TfdistTestDocs(tfds.core.GeneratorBasedBuilder):
             {"number": tf.int64, "body": tfds.features.Text(), "title": tfds.features.Text()}))
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples()}
+        return {"train": self._generate_examples(range(NUM_DOCS)),
+                "test": self._generate_examples(range(100, 100 + NUM_TEST_DOCS))}
 
-    def _generate_examples(self):
-        for i in range(NUM_DOCS):
+    def _generate_examples(self, numbers):
+        for i in numbers:
             yield i, {"number": i, "title": f"title {i}", "body": f"doc {i:03d}"}
 
 
@@ -92,3 +94,40 @@ def test_prepared_dataset_is_partitioned_across_pipelines(prepared_dir, pipeline
         seen.update(texts)
     assert sorted(seen) == [f"doc {i:03d}" for i in range(NUM_DOCS)]
     assert set(seen.values()) == {1}
+
+
+def test_evaluation_split_is_validation_else_test(prepared_dir):
+    source = make_source("tfds:tfdist_test_docs", split="evaluation", data_dir=prepared_dir,
+                         sequence_length=16, pack=False)
+    assert source.split == "test"
+    _, texts = documents(source)
+    assert sorted(texts) == [f"doc {i:03d}" for i in range(100, 100 + NUM_TEST_DOCS)]
+    with tfds.testing.mock_data(num_examples=4):  # no split list: taken at its word
+        assert make_source("tfds:imdb_reviews", split="evaluation", download=True).split == "test"
+
+
+def test_a_split_the_dataset_lacks_is_named_with_the_ones_it_has(prepared_dir):
+    with pytest.raises(ValueError, match=r"has no split 'validation'; its splits are train, test"):
+        make_source("tfds:tfdist_test_docs", split="validation", data_dir=prepared_dir)
+    with pytest.raises(ValueError, match=r"has no split 'dev'"):
+        make_source("tfds:tfdist_test_docs", split="train[:50%]+dev", data_dir=prepared_dir)
+    source = make_source("tfds:tfdist_test_docs", split="train[:50%]+test", data_dir=prepared_dir)
+    assert source.split == "train[:50%]+test"
+
+
+def test_transformer_validation_on_tfds_reads_the_held_out_split(prepared_dir):
+    import argparse
+
+    from tensorflow_datasets.core.utils import file_utils
+
+    from tfdist.recipes.transformer import validation_source
+
+    tfds.core.add_data_dir(prepared_dir)  # the recipe passes no data_dir: TFDS searches here
+    try:
+        train = make_source("tfds:tfdist_test_docs", sequence_length=16)
+        config = argparse.Namespace(dataset="tfds:tfdist_test_docs", seed=0, global_batch_size=8)
+        validation = validation_source("tfds:tfdist_test_docs", train, config)
+    finally:
+        file_utils.clear_registered_data_dirs()
+    assert (train.split, validation.split) == ("train", "test")
+    assert validation.vocabulary is train.vocabulary and validation.sequence_length == 16

@@ -79,6 +79,57 @@ def prepared_builder(name, data_dir=None, download=False):
     return builder
 
 
+EVALUATION_SPLIT = "evaluation"
+"""A split name meaning "the dataset's held-out split": `validation` when
+the dataset has one, else `test` (what a recipe's --validation-dataset reads)."""
+
+
+def resolve_split(builder, split, name):
+    """Checks `split` against the builder's splits; resolves `EVALUATION_SPLIT`.
+
+    TFDS split expressions are accepted (`train[:90%]`, `train+test`); each
+    named split must exist. A builder that lists no splits (as under
+    `tfds.testing.mock_data`) is taken at its word, and "evaluation" is then
+    `test`.
+
+    Args:
+        builder: a prepared TFDS builder.
+        split: a TFDS split expression, or "evaluation".
+        name: the dataset's name, for messages.
+
+    Returns:
+        The split expression to read.
+
+    Raises:
+        ValueError: a split the dataset does not have (its splits are named),
+            or "evaluation" for a dataset with neither `validation` nor `test`.
+
+    Example:
+
+    >>> resolve_split(tfds.builder("imdb_reviews"), "evaluation", "imdb_reviews")
+    'test'
+    """
+    available = list(builder.info.splits.keys())
+    if split == EVALUATION_SPLIT:
+        if not available:
+            return "test"
+        for candidate in ("validation", "test"):
+            if candidate in available:
+                return candidate
+        raise ValueError(f"TFDS dataset {name!r} has no 'validation' or 'test' split to "
+                         f"evaluate on; its splits are {', '.join(available)}. Name one with "
+                         "a split option (e.g. a slice such as 'train[90%:]').")
+    if not isinstance(split, str) or not split.strip():
+        raise ValueError(f"split must be a TFDS split name such as 'train', got {split!r}.")
+    if available:
+        named = [part.split("[", 1)[0].strip() for part in split.split("+")]
+        unknown = [part for part in named if part not in available]
+        if unknown:
+            raise ValueError(f"TFDS dataset {name!r} has no split {', '.join(map(repr, unknown))}; "
+                             f"its splits are {', '.join(available)}.")
+    return split
+
+
 class TFDSSplit:
     """Mixin for sources that read one split of a prepared TFDS builder.
 

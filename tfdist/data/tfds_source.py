@@ -10,7 +10,7 @@ Sharding is TFDS's own (see `tfdist.data.tfds_common`).
 import tensorflow as tf
 
 from tfdist.data.source import SequenceSource
-from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder
+from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder, resolve_split
 from tfdist.data.tokens import BOS_ID, EOS_ID, ByteVocabulary
 
 def _text_features(features):
@@ -35,7 +35,8 @@ class TFDSSource(TFDSSplit, SequenceSource):
     Args:
         name: TFDS name, optionally with config/version (`"imdb_reviews"`,
             `"lm1b"`, `"wiki40b/en"`).
-        split: split or sub-split (`"train"`, `"test[:10%]"`).
+        split: split or sub-split (`"train"`, `"test[:10%]"`), or "evaluation"
+            (`validation` if the dataset has it, else `test`); checked.
         feature: the text feature; None picks the first scalar string feature.
         sequence_length: tokens per example (inputs and targets each).
         data_dir: TFDS data directory (default: TFDS's, `~/tensorflow_datasets`).
@@ -71,7 +72,7 @@ class TFDSSource(TFDSSplit, SequenceSource):
                              f"text feature; text features: {', '.join(text_features) or 'none'} "
                              f"(all features: {', '.join(features.keys())}).")
         self.name = name
-        self.split = split
+        self.split = resolve_split(builder, split, name)
         self.feature = feature
         self.builder = builder
         self.sequence_length = sequence_length

@@ -30,7 +30,8 @@ OPTIONS = [
            "Synchronised batch norm: statistics over the global batch instead of each replica's "
            "share (for small per-replica batches; it all-reduces inside the model, so XLA is off)."),
     Option("validation_dataset", str, None,
-           "Validation data in the --dataset forms (default: the embedded validation split, or none)."),
+           "Validation data in the --dataset forms; a TFDS dataset is read from its validation "
+           "(else test) split (default: the embedded validation split, or none)."),
     Option("num_examples", int, 4096, "Training examples of the embedded shapes dataset.", minimum=1),
 ]
 
@@ -75,7 +76,12 @@ def build_data(config):
         train = make_source(config.dataset, **options)
         validation = None
     if config.validation_dataset:
-        validation = make_source(config.validation_dataset, **options)
+        validation_options = dict(options)
+        if config.validation_dataset.strip().split(":", 1)[0].lower() == "tfds_images":
+            # The held-out split: validation, or test when the dataset has none.
+            from tfdist.data.tfds_common import EVALUATION_SPLIT
+            validation_options["split"] = EVALUATION_SPLIT
+        validation = make_source(config.validation_dataset, **validation_options)
     chance = train.chance()
     return RecipeData(
         train=train, validation=validation, description=train.describe(),

@@ -86,7 +86,8 @@ def _scheme(spec):
 def validation_source(spec, train, config):
     """The `--validation-dataset` source, tokenised like the training data.
 
-    A text source (text, TFDS, text TFRecords) reuses the training source's
+    A TFDS dataset is read from its `validation` split, or `test` when it has
+    none (see `tfdist.data.tfds_common.EVALUATION_SPLIT`). A text source (text, TFDS, text TFRecords) reuses the training source's
     vocabulary (a `vocabulary=build` one included) and sequence length; a
     token-id TFRecord source gets the training vocabulary size; an embedded
     task gets its validation split. Whatever it is, its vocabulary must be
@@ -108,6 +109,7 @@ def validation_source(spec, train, config):
     True
     """
     from tfdist.data import make_source
+    from tfdist.data.tfds_common import EVALUATION_SPLIT
 
     scheme = _scheme(spec)
     if scheme == "embedded":
@@ -118,6 +120,8 @@ def validation_source(spec, train, config):
         vocabulary = getattr(train, "vocabulary", None)
         if scheme in ("text", "tfds") and vocabulary is not None:
             options["vocabulary"] = vocabulary
+        if scheme == "tfds":
+            options["split"] = EVALUATION_SPLIT
         elif scheme == "tfrecord" and vocabulary is None:
             options["vocab_size"] = train.vocab_size
         validation = make_source(spec, **options)

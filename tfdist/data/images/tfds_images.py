@@ -14,7 +14,7 @@ Images are read encoded and decoded in the pipeline's parallel `decode`.
 import tensorflow as tf
 
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource, image_size_tuple
-from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder
+from tfdist.data.tfds_common import TFDSSplit, import_tfds, prepared_builder, resolve_split
 
 NORMALIZATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -55,7 +55,8 @@ class TFDSImageSource(TFDSSplit, ImageSource):
 
     Args:
         name: TFDS name (`"cifar10"`, `"mnist"`, `"imagenet2012"`, ...).
-        split: split or sub-split (`"train"`, `"test"`, `"train[:10%]"`).
+        split: split or sub-split (`"train"`, `"test"`, `"train[:10%]"`), or
+            "evaluation" (`validation` if the dataset has it, else `test`); checked.
         image_size: output size; default the dataset's own size when fixed
             (32x32x3 for cifar10), else 224x224 with the dataset's channels.
         data_dir: TFDS data directory (default TFDS's).
@@ -87,7 +88,7 @@ class TFDSImageSource(TFDSSplit, ImageSource):
         self.image_key, self.label_key = _feature_keys(
             name, info.features, image_key, label_key, info.supervised_keys)
         self.name = name
-        self.split = split
+        self.split = resolve_split(builder, split, name)
         self.builder = builder
         native = tuple(info.features[self.image_key].shape)
         channels = native[-1] or 3
