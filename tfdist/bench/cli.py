@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from tfdist.argtypes import int_at_least
 from tfdist.bench.workloads import MODELS
 
 SUBCOMMANDS = ("report", "engine", "point")
@@ -29,24 +30,8 @@ def _csv(allowed, name):
     return parse
 
 
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
 
 
 def report_parser():

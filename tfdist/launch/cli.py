@@ -4,19 +4,12 @@ import argparse
 import math
 import sys
 
+from tfdist.argtypes import int_at_least
 from tfdist.launch.runner import launch
 
 USAGE_EXAMPLE = "python -m tfdist.launch --workers 2 -- python train.py"
 
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+_positive_int = int_at_least(1)
 
 
 def _seconds(text):
