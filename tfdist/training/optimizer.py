@@ -72,8 +72,7 @@ def check_optimizer(optimizer, strategy, clip_norm=None):
             f"{type(optimizer).__name__}. Create it inside strategy.scope()."
         )
     for opt in optimizer_chain(optimizer):
-        outside = [v.path for v in opt.variables
-                   if not strategy.extended.variable_created_in_scope(_tf_variable(v))]
+        outside = variables_outside_scope(opt.variables, strategy)
         if outside:
             raise ValueError(
                 f"The optimizer {opt.name!r} was created outside the scope of the "
@@ -161,6 +160,24 @@ def loss_scale(optimizer):
 
 def _identity(grads_and_vars):
     return grads_and_vars
+
+
+def variables_outside_scope(variables, strategy):
+    """The paths of `variables` (Keras or TF) that `strategy` did not create.
+
+    Args:
+        variables: Keras or `tf.Variable`s, e.g. `model.variables`.
+        strategy: the `tf.distribute.Strategy` they should belong to.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     model = build_model()
+    >>> variables_outside_scope(model.variables, strategy)
+    []
+    """
+    return [v.path for v in variables
+            if not strategy.extended.variable_created_in_scope(_tf_variable(v))]
 
 
 def _tf_variable(variable):

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.inputs import distribute, per_replica_spec, unpack
 from tfdist.training.loss import GlobalLoss
-from tfdist.training.optimizer import check_optimizer
+from tfdist.training.optimizer import check_optimizer, variables_outside_scope
 from tfdist.training.step import StepFunctions
 
 FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
@@ -598,8 +598,7 @@ def _check_positive_int(name, value, allow_zero=False):
 
 
 def _check_model_in_scope(model, strategy):
-    outside = [v.path for v in model.variables
-               if not strategy.extended.variable_created_in_scope(_tf_variable(v))]
+    outside = variables_outside_scope(model.variables, strategy)
     if outside:
         raise ValueError(
             f"The model {model.name!r} was built outside the scope of the trainer's "
@@ -607,10 +606,6 @@ def _check_model_in_scope(model, strategy):
             f"{' ...' if len(outside) > 5 else ''} are not distributed by it. Create "
             "and build the model inside `with strategy.scope():` (the same strategy "
             "you give the Trainer), or pass strategy= the strategy it was built under.")
-
-
-def _tf_variable(variable):
-    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _current_learning_rate(optimizer):
