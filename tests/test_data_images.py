@@ -509,3 +509,13 @@ def test_cnn_validation_on_tfds_reads_the_held_out_split(tmp_path):
         file_utils.clear_registered_data_dirs()
     assert (data.train.split, data.validation.split) == ("train", "validation")
     assert data.validation.num_examples == 4
+
+
+def test_validation_sources_read_held_out_splits_unless_told():
+    from tfdist.data import make_validation_source
+
+    assert make_validation_source("shapes", num_examples=16).split == "validation"
+    assert make_validation_source("shapes", num_examples=16, split="test").split == "test"
+    assert make_validation_source("embedded:copy", num_examples=16).split == "validation"
+    with tfds.testing.mock_data(num_examples=4):
+        assert make_validation_source("tfds_images:cifar10", download=True).split == "test"

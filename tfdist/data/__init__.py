@@ -19,7 +19,8 @@ Keras policy's compute dtype and int32 labels in `[0, source.num_classes)`.
 """
 
 from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
-from tfdist.data.factory import IMAGE_SCHEMES, SCHEMES, make_source
+from tfdist.data.factory import (IMAGE_SCHEMES, SCHEMES, dataset_scheme, make_source,
+                                  make_validation_source)
 from tfdist.data.files import expand_files
 from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
                                 ShapesSource, TFDSImageSource, write_image_tfrecords)
@@ -40,8 +41,8 @@ __all__ = [
     "ImageNetTFRecordSource", "ImageSource", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
     "ShapesSource", "TFDSImageSource",
     "SEP_ID", "SequenceSource", "ShardPlan", "Source", "TASKS", "TFDSSource", "TFRecordSource",
-    "TextSource", "distribute_dataset", "expand_files", "language_model_pair",
-    "make_dataset_fn", "make_source", "pack_windows", "pad_or_truncate",
+    "TextSource", "dataset_scheme", "distribute_dataset", "expand_files", "language_model_pair",
+    "make_dataset_fn", "make_source", "make_validation_source", "pack_windows", "pad_or_truncate",
     "per_replica_batch_size", "plan_sharding", "prepared_builder", "write_image_tfrecords",
     "write_text_tfrecords",
     "write_token_tfrecords",

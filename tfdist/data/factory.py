@@ -75,9 +75,7 @@ def make_source(spec="embedded", **options):
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"Dataset must be a non-empty string such as {EXAMPLES[1]!r}, got "
                          f"{spec!r}.")
-    scheme, _, rest = spec.strip().partition(":")
-    scheme = scheme.lower()
-    rest = rest.strip()
+    scheme, rest = dataset_scheme(spec), spec.strip().partition(":")[2].strip()
     if scheme not in SCHEMES:
         raise ValueError(f"Unknown dataset scheme {scheme!r} in {spec!r}; valid schemes: "
                          f"{', '.join(SCHEMES)} (e.g. {', '.join(map(repr, EXAMPLES[1:]))}).")
@@ -113,6 +111,43 @@ def make_source(spec="embedded", **options):
         return _construct(TFRecordSource, spec, rest, options)
     from tfdist.data.text import TextSource
     return _construct(TextSource, spec, rest, options)
+
+
+def dataset_scheme(spec):
+    """The scheme of a dataset string, lower-cased.
+
+    Example:
+
+    >>> dataset_scheme("tfds:imdb_reviews"), dataset_scheme(" Shapes ")
+    ('tfds', 'shapes')
+    """
+    return spec.strip().partition(":")[0].strip().lower()
+
+
+def make_validation_source(spec, **options):
+    """`make_source` for held-out data (what a recipe's `--validation-dataset`
+    reads): unless `split` is given, the generated datasets (`embedded`,
+    `shapes`) give their validation split and a TFDS dataset its held-out
+    split (`EVALUATION_SPLIT`: `validation`, else `test`). File schemes name
+    their files instead.
+
+    Args:
+        spec: a dataset string (see `make_source`).
+        **options: as for `make_source`.
+
+    Example:
+
+    >>> make_validation_source("tfds_images:cifar10").split   # cifar10 has no validation split
+    'test'
+    """
+    from tfdist.data.tfds_common import EVALUATION_SPLIT
+
+    held_out = {"embedded": "validation", "shapes": "validation", "tfds": EVALUATION_SPLIT,
+                "tfds_images": EVALUATION_SPLIT}
+    scheme = dataset_scheme(spec) if isinstance(spec, str) else None
+    if scheme in held_out and options.get("split") is None:
+        options["split"] = held_out[scheme]
+    return make_source(spec, **options)
 
 
 _IMAGE_ARGUMENT = {

@@ -61,27 +61,24 @@ examples:
 
 
 def build_data(config):
-    """Training and validation image sources from `--dataset`."""
-    from tfdist.data import make_source
+    """Training and validation image sources from `--dataset` and `--validation-dataset`."""
+    from tfdist.data import dataset_scheme, make_source, make_validation_source
 
     options = {"image_size": config.image_size}
-    if config.dataset.split(":", 1)[0] == "imagenet_tfrecord":
+    if dataset_scheme(config.dataset) == "imagenet_tfrecord":
         options["num_classes"] = config.num_classes
     if config.dataset == "shapes":
         train = make_source("shapes", split="train", num_examples=config.num_examples,
                             seed=config.seed, **options)
-        validation = make_source("shapes", split="validation", seed=config.seed,
-                                 num_examples=max(config.global_batch_size * 4, 512), **options)
+        validation = make_validation_source("shapes", seed=config.seed,
+                                            num_examples=max(config.global_batch_size * 4, 512),
+                                            **options)
     else:
         train = make_source(config.dataset, **options)
         validation = None
     if config.validation_dataset:
-        validation_options = dict(options)
-        if config.validation_dataset.strip().split(":", 1)[0].lower() == "tfds_images":
-            # The held-out split: validation, or test when the dataset has none.
-            from tfdist.data.tfds_common import EVALUATION_SPLIT
-            validation_options["split"] = EVALUATION_SPLIT
-        validation = make_source(config.validation_dataset, **validation_options)
+        # The held-out split: a TFDS dataset's validation (else test) split.
+        validation = make_validation_source(config.validation_dataset, **options)
     chance = train.chance()
     return RecipeData(
         train=train, validation=validation, description=train.describe(),

@@ -56,16 +56,15 @@ examples:
 
 def build_data(config):
     """Training and validation sources from `--dataset` and `--validation-dataset`."""
-    from tfdist.data import make_source
+    from tfdist.data import dataset_scheme, make_source, make_validation_source
 
     spec = config.dataset
-    if _scheme(spec) == "embedded":
+    if dataset_scheme(spec) == "embedded":
         train = make_source(spec, num_examples=config.num_examples, seed=config.seed, split="train")
-        validation = make_source(spec, num_examples=max(config.global_batch_size * 4, 512),
-                                 seed=config.seed, split="validation")
+        validation = make_validation_source(spec, num_examples=_embedded_validation_size(config),
+                                            seed=config.seed)
     else:
-        options = {"sequence_length": config.sequence_length}
-        train = make_source(spec, **options)
+        train = make_source(spec, sequence_length=config.sequence_length)
         validation = None
     if config.validation_dataset:
         validation = validation_source(config.validation_dataset, train, config)
@@ -79,19 +78,19 @@ def build_data(config):
         info={"vocab_size": train.vocab_size, "sequence_length": train.sequence_length})
 
 
-def _scheme(spec):
-    return spec.strip().split(":", 1)[0].lower()
+def _embedded_validation_size(config):
+    return max(config.global_batch_size * 4, 512)
 
 
 def validation_source(spec, train, config):
     """The `--validation-dataset` source, tokenised like the training data.
 
-    A TFDS dataset is read from its `validation` split, or `test` when it has
-    none (see `tfdist.data.tfds_common.EVALUATION_SPLIT`). A text source (text, TFDS, text TFRecords) reuses the training source's
-    vocabulary (a `vocabulary=build` one included) and sequence length; a
-    token-id TFRecord source gets the training vocabulary size; an embedded
-    task gets its validation split. Whatever it is, its vocabulary must be
-    the model's.
+    Read with `tfdist.data.make_validation_source` (a TFDS dataset's
+    `validation` split, or `test` when it has none; an embedded task's
+    validation split). A text source (text, TFDS, text TFRecords) reuses the
+    training source's vocabulary (a `vocabulary=build` one included) and
+    sequence length; a token-id TFRecord source gets the training vocabulary
+    size. Whatever it is, its vocabulary must be the model's.
 
     Args:
         spec: the `--validation-dataset` string (the `--dataset` forms).
@@ -108,23 +107,19 @@ def validation_source(spec, train, config):
     >>> validation_source("text:valid/*.txt", train, config).vocab_size == train.vocab_size
     True
     """
-    from tfdist.data import make_source
-    from tfdist.data.tfds_common import EVALUATION_SPLIT
+    from tfdist.data import dataset_scheme, make_validation_source
 
-    scheme = _scheme(spec)
+    scheme = dataset_scheme(spec)
     if scheme == "embedded":
-        validation = make_source(spec, num_examples=max(config.global_batch_size * 4, 512),
-                                 seed=config.seed, split="validation")
+        options = {"num_examples": _embedded_validation_size(config), "seed": config.seed}
     else:
         options = {"sequence_length": train.sequence_length}
         vocabulary = getattr(train, "vocabulary", None)
         if scheme in ("text", "tfds") and vocabulary is not None:
             options["vocabulary"] = vocabulary
-        if scheme == "tfds":
-            options["split"] = EVALUATION_SPLIT
         elif scheme == "tfrecord" and vocabulary is None:
             options["vocab_size"] = train.vocab_size
-        validation = make_source(spec, **options)
+    validation = make_validation_source(spec, **options)
     if validation.vocab_size != train.vocab_size:
         raise ValueError(
             f"--validation-dataset {spec!r} has a vocabulary of {validation.vocab_size} tokens, "
