@@ -185,15 +185,17 @@ def point_command(workload, point, global_batch_size, precision, xla, rounds, st
     return command
 
 
-def run_point_process(command, point, log_path, timeout):
+def run_point_process(command, point, log_path, timeout, gpus=False):
     """Runs one point's command (under `tfdist.launch` for several workers,
-    each with `point.devices` GPUs of its own where there are GPUs).
+    each with `point.devices` GPUs of its own when `gpus`).
 
     Args:
         command: from `point_command`.
         point: the `SweepPoint`.
         log_path: file receiving the processes' stdout and stderr.
         timeout: seconds before the point is stopped and reported as failed.
+        gpus: whether this machine has GPUs to share out among the workers
+            (see `tfdist.launch.gpus.visible_gpus`).
 
     Returns:
         The exit status (0 on success).
@@ -204,7 +206,6 @@ def run_point_process(command, point, log_path, timeout):
     0
     """
     from tfdist.launch import launch
-    from tfdist.launch.gpus import visible_gpus
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONUNBUFFERED="1")
@@ -218,7 +219,7 @@ def run_point_process(command, point, log_path, timeout):
                 log.write(f"\ntfdist bench: point stopped after its {timeout:.0f} s timeout\n")
                 return 124
         # On a GPU machine each worker gets GPUs of its own (not all of them each).
-        gpus_per_worker = point.devices if visible_gpus(env) else None
+        gpus_per_worker = point.devices if gpus else None
         return launch(command, point.workers, gpus_per_worker=gpus_per_worker, timeout=timeout,
                       startup_timeout=min(timeout, 180), output=log, errors=log, env=env,
                       grace_period=2.0)
@@ -261,6 +262,7 @@ def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto",
     ...           out_dir="bench-results")[1]["examples_per_sec"]  # doctest: +SKIP
     """
     from tfdist.bench.load import LoadMonitor
+    from tfdist.launch.gpus import visible_gpus
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
@@ -268,6 +270,7 @@ def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto",
     folder = os.path.join(out_dir, "points")
     os.makedirs(folder, exist_ok=True)
     runs = {point: [] for point in points}
+    gpus = bool(visible_gpus(os.environ))  # asked once (nvidia-smi), not per point
     for repeat in range(repeats):
         for point in (points if repeat % 2 == 0 else list(reversed(points))):
             global_batch = global_batch_for(point, mode, batch)
@@ -280,7 +283,7 @@ def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto",
                                     warmup_steps, json_out, input_share)
             monitor = LoadMonitor().start()
             start = time.perf_counter()
-            status = run_point_process(command, point, stem + ".log", timeout)
+            status = run_point_process(command, point, stem + ".log", timeout, gpus=gpus)
             seconds = time.perf_counter() - start
             entry = {"devices": point.devices, "workers": point.workers,
                      "replicas": point.replicas, "global_batch_size": global_batch,
