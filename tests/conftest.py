@@ -7,6 +7,8 @@ This must run before TensorFlow initialises, hence at conftest import time.
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfdist.devices import split_cpu_into_logical_devices  # noqa: E402
@@ -15,3 +17,16 @@ LOGICAL_CPUS = 2
 split_cpu_into_logical_devices(LOGICAL_CPUS)
 
 PYTHON = sys.executable
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    """Runs a test under the global `mixed_bfloat16` policy, restoring the previous one."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)

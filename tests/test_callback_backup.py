@@ -6,7 +6,6 @@ MirroredStrategy); subprocess tests SIGKILL real processes: one in the middle
 of writing a backup, and one worker of a 2-worker job right after a backup.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -489,16 +488,6 @@ WORKER = os.path.join(HERE, "workers", "backup_worker.py")
 KILL_AT = 12  # epoch 1, step 2 (10 batches per epoch, backups every 4 steps)
 
 
-def load_weights(path):
-    with np.load(path) as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-def load_json(path):
-    with open(path) as f:
-        return json.load(f)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted():
     model, trainer = backup_worker.make_trainer(tf.distribute.get_strategy())
@@ -525,12 +514,12 @@ def test_two_workers_killed_after_a_backup_resume_at_that_exact_step(tmp_path, u
     assert "at epoch 1 step 2 (global step 12" in resumed.stdout
     reference, reference_history = uninterrupted
     for rank in (0, 1):
-        result = load_json(tmp_path / f"rank{rank}.json")
+        result = common.load_json(tmp_path / f"rank{rank}.json")
         assert result["restored"]["global_step"] == KILL_AT
         assert (result["restored"]["epoch"], result["restored"]["step"]) == (1, 2)
         assert result["batches"][0] == [1, 2]  # the first batch run is the one after step 12
         assert len(result["batches"]) == backup_worker.EPOCHS * 10 - KILL_AT
-        assert_weights_close(load_weights(tmp_path / f"rank{rank}.npz"), reference)
+        assert_weights_close(common.load_weights(tmp_path / f"rank{rank}.npz"), reference)
         np.testing.assert_allclose(result["history"]["loss"], reference_history["loss"][1:],
                                    rtol=1e-5)
     # Keep-last-K over both runs, and only committed backups in the folder.
@@ -553,7 +542,7 @@ def test_only_the_chief_writes_and_workers_that_see_different_backups_refuse(tmp
     assert len(list_backups(tmp_path / "backup0")) == backup_worker.MAX_TO_KEEP
     assert os.listdir(temporary) == []  # its temporary copies are gone too
     for rank in (0, 1):
-        result = load_json(tmp_path / f"rank{rank}.json")
+        result = common.load_json(tmp_path / f"rank{rank}.json")
         assert result["backups_written"] == 10
         # Restarting: the chief finds a backup, the other worker none: both refuse.
         assert "the workers disagree on the restored backup" in result["second_fit"]

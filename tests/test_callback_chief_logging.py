@@ -21,6 +21,7 @@ import mw
 from tfdist.callbacks.chief import is_chief, model_strategy, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
 from tfdist.strategy import create_strategy
+from workers.train_common import OnReadCounter
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 _key_base = itertools.count(500)  # far from the ranges other test files use
@@ -59,16 +60,6 @@ def build_model(strategy=None, on_read=False):
     model.set_weights([(0.5 * rs.standard_normal(w.shape)).astype("float32")
                        for w in model.get_weights()])
     return model
-
-
-class OnReadCounter(keras.layers.Layer):
-    def build(self, input_shape):
-        self.count = keras.Variable(0.0, trainable=False, synchronization="on_read",
-                                    aggregation="sum", name="count")
-
-    def call(self, x):
-        self.count.assign_add(tf.cast(tf.shape(x)[0], "float32"))
-        return x
 
 
 def fit(model, callbacks, epochs=2):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
+from workers.train_common import PoisonWeights
 
 STEPS = 4  # batches per epoch in these tests
 
@@ -29,26 +30,10 @@ def fit(model, callbacks, epochs=4, **kwargs):
                      shuffle=False, **kwargs)
 
 
-class PoisonWeights(keras.callbacks.Callback):
-    """Sets the kernel to NaN just before batch `batch` of epoch `epoch` runs."""
-
-    def __init__(self, epoch, batch):
-        super().__init__()
-        self.epoch, self.batch, self._current = epoch, batch, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._current = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if (self._current, batch) == (self.epoch, self.batch):
-            kernel = self.model.layers[0].kernel
-            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
-
-
 def test_nan_loss_raises_naming_the_value_epoch_batch_and_step():
     model = build_model()
     with pytest.raises(NonFiniteLossError) as caught:
-        fit(model, [PoisonWeights(epoch=1, batch=2), NanGuard()])
+        fit(model, [PoisonWeights(epoch=1, batch=2, layer=0), NanGuard()])
     error = caught.value
     assert isinstance(error, RuntimeError)
     assert (error.name, error.epoch, error.batch, error.step) == ("loss", 1, 2, STEPS + 2)
@@ -63,7 +48,7 @@ def test_the_last_good_backup_survives_and_training_resumes_from_it(tmp_path):
     backup_dir = tmp_path / "backup"
     model = build_model()
     with pytest.raises(NonFiniteLossError):
-        fit(model, [PoisonWeights(epoch=2, batch=1), NanGuard(),
+        fit(model, [PoisonWeights(epoch=2, batch=1, layer=0), NanGuard(),
                     keras.callbacks.BackupAndRestore(str(backup_dir))])
     assert backup_dir.is_dir()
     assert json.loads((backup_dir / "training_metadata.json").read_text())["epoch"] == 2
@@ -81,7 +66,8 @@ def test_terminate_on_nan_stops_gracefully_and_the_backup_is_deleted(tmp_path):
     # What NanGuard is for: Keras's graceful stop runs on_train_end, and
     # BackupAndRestore(delete_checkpoint=True) deletes the backup there.
     backup_dir = tmp_path / "backup"
-    fit(build_model(), [PoisonWeights(epoch=2, batch=1), keras.callbacks.TerminateOnNaN(),
+    fit(build_model(), [PoisonWeights(epoch=2, batch=1, layer=0),
+                        keras.callbacks.TerminateOnNaN(),
                         keras.callbacks.BackupAndRestore(str(backup_dir))])
     assert not backup_dir.exists()
 
@@ -89,7 +75,7 @@ def test_terminate_on_nan_stops_gracefully_and_the_backup_is_deleted(tmp_path):
 def test_check_freq_checks_every_nth_step_and_still_catches_the_nan():
     # NaN from step 4 (epoch 1, batch 0); checked steps are 2, 5, 8, ... -> seen at step 5.
     with pytest.raises(NonFiniteLossError) as caught:
-        fit(build_model(), [PoisonWeights(epoch=1, batch=0), NanGuard(check_freq=3)])
+        fit(build_model(), [PoisonWeights(epoch=1, batch=0, layer=0), NanGuard(check_freq=3)])
     assert (caught.value.epoch, caught.value.batch, caught.value.step) == (1, 1, 5)
 
 
@@ -97,7 +83,7 @@ def test_epoch_only_checks_catch_it_at_the_epoch_end():
     guard = NanGuard(check_freq="epoch")
     assert getattr(guard.on_train_batch_end, "_is_default", False)  # no per-batch sync
     with pytest.raises(NonFiniteLossError) as caught:
-        fit(build_model(), [PoisonWeights(epoch=1, batch=2), guard])
+        fit(build_model(), [PoisonWeights(epoch=1, batch=2, layer=0), guard])
     assert (caught.value.epoch, caught.value.batch) == (1, None)
     assert "at the end of epoch index 1" in str(caught.value)
 

@@ -46,16 +46,6 @@ def strategy():
     return create_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 def per_replica(strategy, halves):
     """A distributed value whose replica r holds halves[r]."""
     return strategy.experimental_distribute_values_from_function(

@@ -32,16 +32,6 @@ def micro_config(**overrides):
     return TransformerConfig(**values)
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 # ---------------------------------------------------------------- config
 
 

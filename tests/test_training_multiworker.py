@@ -4,7 +4,6 @@ One launch of tests/workers/train_worker.py through tfdist.launch runs every
 phase; the tests compare what the workers wrote with single-process runs here.
 """
 
-import json
 import os
 
 import keras
@@ -30,16 +29,6 @@ def run(tmp_path_factory):
     return out, result.stdout
 
 
-def load_weights(path):
-    with np.load(path) as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-def load_json(path):
-    with open(path) as f:
-        return json.load(f)
-
-
 def single_process_sgd(clip=True):
     strategy = tf.distribute.get_strategy()
     model, trainer = train_worker.sgd_trainer(strategy, jit_compile=False)
@@ -58,13 +47,13 @@ def test_both_workers_finish(run):
 def test_two_workers_match_one_process_and_each_other(run):
     out, _ = run
     reference_weights, reference_history = single_process_sgd()
-    rank0, rank1 = (load_weights(out / f"rank{r}_sgd.npz") for r in (0, 1))
+    rank0, rank1 = (common.load_weights(out / f"rank{r}_sgd.npz") for r in (0, 1))
     for a, b in zip(rank0, rank1):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(rank0, reference_weights):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for r in (0, 1):
-        np.testing.assert_allclose(load_json(out / f"rank{r}_sgd.json")["loss"],
+        np.testing.assert_allclose(common.load_json(out / f"rank{r}_sgd.json")["loss"],
                                    reference_history["loss"], rtol=1e-5)
     # The clipping in these runs binds: without it the weights end elsewhere.
     unclipped, _ = single_process_sgd(clip=False)
@@ -74,16 +63,16 @@ def test_two_workers_match_one_process_and_each_other(run):
 def test_xla_matches_no_xla_on_two_workers(run):
     out, _ = run
     for r in (0, 1):
-        np.testing.assert_allclose(load_json(out / f"rank{r}_xla.json")["loss"],
-                                   load_json(out / f"rank{r}_sgd.json")["loss"], rtol=1e-5)
-        for a, b in zip(load_weights(out / f"rank{r}_xla.npz"),
-                        load_weights(out / f"rank{r}_sgd.npz")):
+        np.testing.assert_allclose(common.load_json(out / f"rank{r}_xla.json")["loss"],
+                                   common.load_json(out / f"rank{r}_sgd.json")["loss"], rtol=1e-5)
+        for a, b in zip(common.load_weights(out / f"rank{r}_xla.npz"),
+                        common.load_weights(out / f"rank{r}_sgd.npz")):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_standard_callbacks_on_two_workers(run):
     out, output = run
-    logs = [load_json(out / f"rank{r}_callbacks.json") for r in (0, 1)]
+    logs = [common.load_json(out / f"rank{r}_callbacks.json") for r in (0, 1)]
     assert logs[0]["history"] == logs[1]["history"]  # global metrics on every worker
     for log in logs:
         assert log["train_batches"] == [1, 3] * 3  # 4 batches, 2 per call
@@ -92,7 +81,7 @@ def test_standard_callbacks_on_two_workers(run):
             assert epoch["has_model"]
             assert {"loss", "mae", "val_loss", "val_mae", "learning_rate"} <= set(epoch)
     assert output.count("Epoch 1/3") == 1  # progress bar on the chief only
-    final = load_weights(out / "rank0_callbacks_weights.npz")
+    final = common.load_weights(out / "rank0_callbacks_weights.npz")
     for r in (0, 1):
         model = common.dense_model(tf.distribute.get_strategy(), seed=3)
         model.load_weights(str(out / f"rank{r}" / "last.weights.h5"))
@@ -106,7 +95,7 @@ def test_standard_callbacks_on_two_workers(run):
 def test_predict_and_evaluate_on_two_workers(run):
     out, _ = run
     model = common.dense_model(tf.distribute.get_strategy())
-    model.set_weights(load_weights(out / "rank0_callbacks_weights.npz"))
+    model.set_weights(common.load_weights(out / "rank0_callbacks_weights.npz"))
     x, y = common.regression_arrays(n=35, seed=5)  # 3 batches of 16: 16, 16, 3
     expected = model(x).numpy()
     for r in (0, 1):
@@ -116,6 +105,6 @@ def test_predict_and_evaluate_on_two_workers(run):
     reference = trainer.evaluate(common.dataset((x, y), train_worker.GLOBAL_BATCH),
                                  return_dict=True, verbose=0)
     for r in (0, 1):
-        evaluation = load_json(out / f"rank{r}_callbacks.json")["evaluate"]
+        evaluation = common.load_json(out / f"rank{r}_callbacks.json")["evaluate"]
         for name, value in reference.items():
             assert evaluation[name] == pytest.approx(value, rel=1e-5)

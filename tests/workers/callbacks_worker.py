@@ -41,21 +41,10 @@ from tfdist.callbacks.memory import DeviceMemoryMonitor  # noqa: E402
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError  # noqa: E402
 from tfdist.callbacks.profiler import ProfilerWindow  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
+from train_common import OnReadCounter, PoisonWeights  # noqa: E402
 
 GLOBAL_BATCH = 16
 EXAMPLES = 64  # 4 steps per epoch
-
-
-class OnReadCounter(keras.layers.Layer):
-    """Counts the examples it sees in an ON_READ variable (summed across replicas on read)."""
-
-    def build(self, input_shape):
-        self.count = keras.Variable(0.0, trainable=False, synchronization="on_read",
-                                    aggregation="sum", name="count")
-
-    def call(self, x):
-        self.count.assign_add(tf.cast(tf.shape(x)[0], "float32"))
-        return x
 
 
 class EpochRecorder(keras.callbacks.Callback):
@@ -68,20 +57,6 @@ class EpochRecorder(keras.callbacks.Callback):
         if self.probe is not None:
             path = self.probe.output_path
             self.seen_paths.append([path, bool(path) and os.path.exists(path)])
-
-
-class PoisonWeights(keras.callbacks.Callback):
-    def __init__(self, epoch, batch):
-        super().__init__()
-        self.epoch, self.batch, self._current = epoch, batch, None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._current = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if (self._current, batch) == (self.epoch, self.batch):
-            kernel = self.model.layers[-1].kernel
-            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
 
 
 def data():

@@ -1,10 +1,13 @@
-"""Models, data and strategies shared by the training tests and their worker scripts.
+"""Models, data, strategies and small Keras helpers shared by the training and
+callback tests and their worker scripts.
 
 Everything here is deterministic without relying on random seeds: weights and
 data come from numpy `RandomState`s, so a worker process and the test process
 build exactly the same model and batches.
 """
 
+
+import json
 
 import keras
 import numpy as np
@@ -90,3 +93,43 @@ def weights_of(model):
 def max_rel_diff(a, b):
     """Largest |a - b| / max(|b|, 1e-6 scale) over lists of arrays."""
     return max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-6))) for x, y in zip(a, b))
+
+
+def load_weights(path):
+    """The arrays of an `.npz` file written by `np.savez(path, *weights)`, in order."""
+    with np.load(path) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+class OnReadCounter(keras.layers.Layer):
+    """Counts the examples it sees in an ON_READ variable (summed across replicas on read)."""
+
+    def build(self, input_shape):
+        self.count = keras.Variable(0.0, trainable=False, synchronization="on_read",
+                                    aggregation="sum", name="count")
+
+    def call(self, x):
+        self.count.assign_add(tf.cast(tf.shape(x)[0], "float32"))
+        return x
+
+
+class PoisonWeights(keras.callbacks.Callback):
+    """Sets a Dense kernel (`model.layers[layer]`) to NaN just before batch
+    `batch` of epoch `epoch` runs."""
+
+    def __init__(self, epoch, batch, layer=-1):
+        super().__init__()
+        self.epoch, self.batch, self.layer, self._current = epoch, batch, layer, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self._current, batch) == (self.epoch, self.batch):
+            kernel = self.model.layers[self.layer].kernel
+            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
