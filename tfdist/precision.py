@@ -9,6 +9,7 @@ float32.
 
 import dataclasses
 import logging
+import os
 
 # TensorFlow and Keras are imported inside the functions that need them, so
 # that the recipes can validate their flags (which name these precisions)
@@ -17,6 +18,18 @@ import logging
 logger = logging.getLogger("tfdist")
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+# Names users know from other tools (PyTorch Lightning, NVIDIA docs, ...),
+# each mapped to the Keras policy it means. Half precision always means the
+# mixed policy: variables stay float32.
+PRECISION_ALIASES = {
+    "fp32": "float32", "f32": "float32", "32": "float32", "32-true": "float32",
+    "bf16": "mixed_bfloat16", "bfloat16": "mixed_bfloat16", "mixed_bf16": "mixed_bfloat16",
+    "bf16-mixed": "mixed_bfloat16", "bf16_mixed": "mixed_bfloat16",
+    "fp16": "mixed_float16", "f16": "mixed_float16", "float16": "mixed_float16", "half": "mixed_float16",
+    "mixed_fp16": "mixed_float16", "16": "mixed_float16", "16-mixed": "mixed_float16",
+    "fp16_mixed": "mixed_float16",
+}
+CPU_FLAGS_ENV = "TFDIST_CPU_FLAGS"
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -51,14 +64,54 @@ class PrecisionChoice:
         return self.policy == "mixed_float16"
 
 
-def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+def canonical_precision(name):
+    """Maps a precision name or a known alias to one of `PRECISIONS`.
+
+    Args:
+        name: `auto`, a Keras policy name, or an alias such as `bf16`,
+            `fp16`, `fp32`, `mixed_bf16` (see `PRECISION_ALIASES`); case and
+            surrounding spaces are ignored.
+
+    Returns:
+        The name in `PRECISIONS`.
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid ones.
+
+    Example:
+
+    >>> canonical_precision("bf16")
+    'mixed_bfloat16'
+    """
+    key = str(name).strip().lower()
+    if key in PRECISIONS:
+        return key
+    if key in PRECISION_ALIASES:
+        return PRECISION_ALIASES[key]
+    raise ValueError(
+        f"Unknown precision {name!r}. Valid precisions: {', '.join(PRECISIONS)} "
+        f"(aliases: {', '.join(PRECISION_ALIASES)}).")
+
+
+def cpu_flags(cpuinfo_path="/proc/cpuinfo", environ=None):
     """Returns the set of CPU feature flags (empty where they cannot be read).
+
+    The environment variable `TFDIST_CPU_FLAGS` (flags separated by spaces
+    or commas, e.g. `"avx2 fma"` or `"avx2,amx_bf16,avx512_bf16"`) replaces
+    what the CPU reports: set it to see what `--precision auto` would pick on
+    another kind of CPU, and in tests, so that they do not depend on the
+    machine that runs them. Set but empty, it describes a CPU with no flags.
 
     Example:
 
     >>> "avx2" in cpu_flags()  # on most x86-64 machines
     True
+    >>> sorted(cpu_flags(environ={"TFDIST_CPU_FLAGS": "avx2,amx_bf16"}))
+    ['amx_bf16', 'avx2']
     """
+    environ = os.environ if environ is None else environ
+    if CPU_FLAGS_ENV in environ:
+        return set(environ[CPU_FLAGS_ENV].replace(",", " ").split())
     try:
         with open(cpuinfo_path) as cpuinfo:
             for line in cpuinfo:
@@ -115,17 +168,19 @@ def detect_precision(gpu_capabilities=None, flags=None):
     if flags is None:
         flags = cpu_flags()
     fast = sorted(flags.intersection(_CPU_BF16_FLAGS))
+    source = f" (from ${CPU_FLAGS_ENV})" if CPU_FLAGS_ENV in os.environ else ""
     if fast:
-        return PrecisionChoice("mixed_bfloat16", f"auto: CPU has {', '.join(fast)}")
+        return PrecisionChoice("mixed_bfloat16", f"auto: CPU has {', '.join(fast)}{source}")
     return PrecisionChoice(
-        "float32", "auto: no GPU and no AMX-BF16/AVX512-BF16 on this CPU, so half precision would be slower")
+        "float32", "auto: no GPU and no AMX-BF16/AVX512-BF16 on this CPU, so half precision would be "
+        f"slower{source}")
 
 
 def resolve_precision(name):
     """Validates a precision name and resolves `auto`.
 
     Args:
-        name: one of `PRECISIONS`.
+        name: one of `PRECISIONS`, or an alias (`bf16`, `fp16`, `fp32`, ...).
 
     Returns:
         A `PrecisionChoice`; a warning is logged when an explicit half
@@ -138,10 +193,10 @@ def resolve_precision(name):
 
     >>> resolve_precision("float32").policy
     'float32'
+    >>> resolve_precision("bf16").policy
+    'mixed_bfloat16'
     """
-    if name not in PRECISIONS:
-        raise ValueError(
-            f"Unknown precision {name!r}. Valid precisions: {', '.join(PRECISIONS)}.")
+    name = canonical_precision(name)
     if name == "auto":
         return detect_precision()
     choice = PrecisionChoice(name, "asked for")
@@ -174,5 +229,5 @@ def apply_precision(name):
 
     choice = resolve_precision(name)
     keras.mixed_precision.set_global_policy(choice.policy)
-    logger.info("Precision: %s (%s)", choice.policy, choice.reason)
+    logger.debug("Precision: %s (%s)", choice.policy, choice.reason)
     return choice
