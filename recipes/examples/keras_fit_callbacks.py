@@ -7,6 +7,11 @@ tfdist's callbacks; this one trains a small classifier on generated data
     python recipes/examples/keras_fit_callbacks.py --out /tmp/run
     python recipes/examples/keras_fit_callbacks.py --out /tmp/run --strategy mirrored --devices 2
 
+The task is fixed: every example is labelled by one linear map
+(`labelling_matrix()`); the training and validation sets are features drawn
+with different seeds and labelled by that same map, so `val_accuracy`
+measures how well the model learnt the task on examples it never saw.
+
 It uses:
 
 * a warmup + cosine learning-rate schedule (`tfdist.schedules.make_schedule`)
@@ -24,8 +29,8 @@ It uses:
 
 Outputs under `--out`:
 
-    logs/training_log.csv   one row per epoch: loss, accuracy, val_loss, learning_rate,
-                            examples_per_sec, step_time_ms, host memory, ...
+    logs/training_log.csv   one row per epoch: loss, accuracy, val_loss, val_accuracy,
+                            learning_rate, examples_per_sec, step_time_ms, host memory, ...
     logs/tensorboard/       when the tensorboard package is installed
     backup/                 the backups (ckpt-N.*, checkpoint)
     summary.json            final logs, throughput summary, where training resumed
@@ -36,11 +41,12 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tfdist.tf_logging import import_tensorflow
+
+tf = import_tensorflow()  # before anything imports TensorFlow: a quiet start-up
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from tfdist.callbacks import (DeviceMemoryMonitor, LearningRateLogger, NanGuard,  # noqa: E402
                               ThroughputMeter, make_logging_callbacks)
@@ -50,17 +56,34 @@ from tfdist.strategy import create_strategy, describe_strategy  # noqa: E402
 
 FEATURES = 16
 CLASSES = 4
+# The task: one labelling map for training and validation alike. Its seed is
+# its own, apart from the seeds of the features (0 training, 1 validation).
+LABELLING_SEED = 1234
+TRAINING_SEED = 0
+VALIDATION_SEED = 1
 
 
-def generated_data(examples, seed=0):
-    """Features from N(0, 1); the label is the argmax of a fixed linear map."""
-    rs = np.random.RandomState(seed)
-    x = rs.standard_normal((examples, FEATURES)).astype("float32")
-    y = np.argmax(x @ rs.standard_normal((FEATURES, CLASSES)), axis=1).astype("int32")
+def labelling_matrix():
+    """The fixed (FEATURES, CLASSES) linear map that labels every example of the task."""
+    return np.random.RandomState(LABELLING_SEED).standard_normal(
+        (FEATURES, CLASSES)).astype("float32")
+
+
+def generated_data(examples, seed=TRAINING_SEED):
+    """`examples` examples of the task: features from N(0, 1) drawn with `seed`,
+    labelled by the argmax of `labelling_matrix()`, which is the same whatever
+    the seed; training and validation data differ only in their features.
+
+    Returns:
+        (x, y): float32 features (examples, FEATURES), int32 labels (examples,).
+    """
+    x = np.random.RandomState(seed).standard_normal((examples, FEATURES)).astype("float32")
+    y = np.argmax(x @ labelling_matrix(), axis=1).astype("int32")
     return x, y
 
 
 def build_model(learning_rate):
+    """A compiled MLP classifier (logits) trained by SGD with `learning_rate` (a schedule)."""
     model = keras.Sequential([
         keras.Input((FEATURES,)),
         keras.layers.Dense(64, activation="relu"),
@@ -73,6 +96,7 @@ def build_model(learning_rate):
 
 
 def parse_args(argv=None):
+    """The command-line flags (`argv`, default `sys.argv[1:]`), checked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--strategy", choices=("none", "mirrored"), default="none",
@@ -99,6 +123,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """Trains (or resumes) with the callbacks and writes the outputs under `--out`; returns 0."""
     args = parse_args(argv)
     if args.strategy == "mirrored":
         strategy = create_strategy("mirrored", devices=args.devices)
@@ -107,10 +132,11 @@ def main(argv=None):
     info = describe_strategy(strategy)
     print(f"strategy: {info.name}, {info.num_replicas} replica(s)", flush=True)
 
-    x, y = generated_data(args.examples)
+    x, y = generated_data(args.examples, seed=TRAINING_SEED)
     dataset = (tf.data.Dataset.from_tensor_slices((x, y))
                .batch(args.batch_size, drop_remainder=True).prefetch(2))
-    x_val, y_val = generated_data(args.validation_examples, seed=1)
+    # Held-out features of the same task (same labelling map, other seed).
+    x_val, y_val = generated_data(args.validation_examples, seed=VALIDATION_SEED)
     validation = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(args.batch_size)
     steps_per_epoch = args.examples // args.batch_size
     schedule = make_schedule("cosine", args.learning_rate, warmup_steps=args.warmup_steps,
