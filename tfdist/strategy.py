@@ -32,34 +32,11 @@ import tensorflow as tf
 
 from tfdist.cluster import TRAINING_TASK_TYPES, ClusterConfig, parse_tf_config
 from tfdist.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
+from tfdist.strategy_names import (ALL_REDUCE_NAMES, STRATEGY_NAMES,  # noqa: F401 (re-exported)
+                                  UNSUPPORTED_STRATEGIES, check_all_reduce_name,
+                                  check_strategy_name)
 
 logger = logging.getLogger("tfdist")
-
-STRATEGY_NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
-"""Names `create_strategy` accepts."""
-
-UNSUPPORTED_STRATEGIES = {
-    "parameter_server": (
-        "tfdist does not support 'parameter_server' yet: its training step is "
-        "synchronous all-reduce, and Keras 3 has no ParameterServerStrategy support in "
-        "fit. Use 'multi_worker_mirrored' (every worker keeps a full copy of the model) "
-        "and drop the 'ps' tasks from TF_CONFIG."),
-    "central_storage": (
-        "tfdist does not support 'central_storage' yet: it keeps variables on one "
-        "device, which the all-reduce training step does not handle. Use 'mirrored' on "
-        "one machine."),
-    "tpu": (
-        "tfdist does not support 'tpu' yet: it is built and tested for GPUs and CPUs "
-        "only. Use 'mirrored' or 'multi_worker_mirrored' on GPU machines, or Keras's "
-        "own TPU support."),
-}
-"""Strategy names tfdist knows but refuses, with the reason."""
-
-ALL_REDUCE_NAMES = {
-    "mirrored": ("nccl", "hierarchical_copy", "reduction_to_one_device"),
-    "multi_worker_mirrored": ("auto", "ring", "nccl"),
-}
-"""All-reduce implementations each strategy accepts (None = TensorFlow's choice)."""
 
 CLUSTER_RESOLVER_NAMES = ("tf_config", "slurm")
 """Names `cluster_resolver` accepts besides a ClusterResolver instance."""
@@ -162,7 +139,7 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
     >>> strategy.num_replicas_in_sync
     2
     """
-    key = _check_name(name)
+    key = check_strategy_name(name)
     _check_devices(devices)
     collective_timeout = _check_seconds("collective_timeout", collective_timeout)
     startup_timeout = _startup_timeout(startup_timeout)
@@ -174,7 +151,7 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
         key, reason = _choose(devices, cluster)
         logger.info("strategy 'auto' picked %r: %s", key, reason)
         notes.append(f"auto picked {key}: {reason}")
-    _check_all_reduce(key, all_reduce)
+    check_all_reduce_name(key, all_reduce)
     if key == "default":
         strategy, note = _create_default(devices)
     elif key == "one_device":
@@ -334,18 +311,6 @@ def write_ready_file(path=None, content=None):
 
 # ---------------------------------------------------------------- arguments
 
-def _check_name(name):
-    if not isinstance(name, str):
-        raise ValueError(f"Strategy name must be a string, got {name!r}. Valid names: "
-                         f"{', '.join(STRATEGY_NAMES)}.")
-    key = name.strip().lower().replace("-", "_")
-    if key in UNSUPPORTED_STRATEGIES:
-        raise ValueError(UNSUPPORTED_STRATEGIES[key])
-    if key not in STRATEGY_NAMES:
-        raise ValueError(f"Unknown strategy {name!r}. Valid names: {', '.join(STRATEGY_NAMES)}.")
-    return key
-
-
 def _check_devices(devices):
     if devices is None:
         return
@@ -391,19 +356,6 @@ def _check_resolver_argument(resolver):
         return
     raise ValueError(f"cluster_resolver must be None, one of {', '.join(map(repr, CLUSTER_RESOLVER_NAMES))}"
                      f" or a tf.distribute.cluster_resolver.ClusterResolver, got {resolver!r}.")
-
-
-def _check_all_reduce(key, all_reduce):
-    if all_reduce is None:
-        return
-    if key not in ALL_REDUCE_NAMES:
-        raise ValueError(
-            f"all_reduce={all_reduce!r} does not apply to strategy {key!r}, which does not "
-            "all-reduce. It applies to: "
-            + "; ".join(f"{k} ({', '.join(v)})" for k, v in ALL_REDUCE_NAMES.items()) + ".")
-    if all_reduce not in ALL_REDUCE_NAMES[key]:
-        raise ValueError(f"all_reduce={all_reduce!r} is not valid for {key}; valid: "
-                         f"{', '.join(ALL_REDUCE_NAMES[key])} (or None for TensorFlow's choice).")
 
 
 def _devices_per_worker(devices):
