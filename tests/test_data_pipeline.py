@@ -172,16 +172,22 @@ def test_same_seed_gives_the_same_order(id_files, kind):
 # --- cache and augment (the plug-in points an image source uses) ----------------------------
 
 class NoisySource(Source):
-    """Decode adds random noise (so a cache is observable); augment adds a random draw."""
+    """Every decode and every augment call gives a new value (a counter), so a
+    cache is observable. A counter, not a random draw: with a global seed set
+    (as earlier tests in the session do) a random op in a dataset function
+    repeats its values on every pass."""
+
+    def __init__(self):
+        self.calls = tf.Variable(0.0, trainable=False)
 
     def read_all(self):
         return tf.data.Dataset.range(6)
 
     def decode(self, record):
-        return {"id": record, "value": tf.random.uniform([])}
+        return {"id": record, "value": self.calls.assign_add(1.0)}
 
     def augment(self, example):
-        return dict(example, augment=tf.random.uniform([]))
+        return dict(example, augment=self.calls.assign_add(1.0))
 
 
 def two_epochs(fn):

@@ -148,7 +148,10 @@ class DatasetFn:
 
     def _options(self):
         options = tf.data.Options()
-        options.deterministic = self.deterministic
+        # Evaluation and prediction data keep their order (predictions line
+        # up with the inputs, and a run is comparable with the next);
+        # training order is reproducible only when asked (it costs speed).
+        options.deterministic = self.deterministic or not self.training
         # Already sharded here; keep tf.distribute from sharding again.
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.OFF)
@@ -169,8 +172,9 @@ def make_dataset_fn(source, global_batch_size, *, training=True,
         seed: shuffle seed (files and examples); None for a random order.
         deterministic: reproducible order: `tf.data.Options.deterministic`
             and a seeded shuffle (seed 0 when `seed` is None). Same seed,
-            same order. When False, parallel steps may reorder elements
-            (faster).
+            same order. When False, parallel steps may reorder training
+            elements (faster); evaluation data (`training=False`) always
+            keeps its order.
         cache: cache decoded examples before shuffling: True (memory) or a
             file path prefix (one cache file per input pipeline).
         repeat: repeat forever (None: repeat when training). With repeat,
