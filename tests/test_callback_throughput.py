@@ -18,7 +18,8 @@ def test_figures_on_fixed_step_times():
     assert figures["step_time_ms"] == pytest.approx(500.0)
     assert figures["step_time_p50_ms"] == pytest.approx(500.0)
     line = format_summary(figures)
-    assert "128.0 examples/s" in line and "16,384 tokens/s" in line and "MFU 12.8%" in line
+    assert "128 examples/s (64.0 per replica)" in line and "16.4k tokens/s" in line
+    assert "model 128 MFLOP/s, MFU 12.8%" in line
 
 
 def test_percentiles_use_the_step_time_distribution():

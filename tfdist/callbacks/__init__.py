@@ -15,11 +15,13 @@ from tfdist.callbacks.learning_rate import LearningRateLogger, LearningRateSched
 from tfdist.callbacks.memory import DeviceMemoryMonitor, MemoryUsageWarning
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
 from tfdist.callbacks.profiler import ProfilerWindow
+from tfdist.callbacks.progress import ProgressLogger, RunPosition
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
 
 __all__ = [
     "BackupAndResume", "BackupInfo", "ResumeWarning", "latest_backup", "list_backups",
     "read_backup", "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
-    "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "ProfilerWindow", "ThroughputMeter",
+    "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "ProfilerWindow", "ProgressLogger", "RunPosition",
+    "ThroughputMeter",
     "format_summary", "is_chief", "make_logging_callbacks", "task_info",
 ]

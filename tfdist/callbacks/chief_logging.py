@@ -255,7 +255,7 @@ class ChiefOnly(keras.callbacks.Callback):
 
 
 def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=False,
-                           strategy=None, fallback_dir=None, append=False):
+                           strategy=None, fallback_dir=None, append=False, update_freq="epoch"):
     """The standard logging callbacks of a run, each writing once per job.
 
     Returns `ChiefOnly`-wrapped Keras callbacks writing under `log_dir`:
@@ -283,6 +283,9 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
             write their own copies, or None for no copies.
         append: append to an existing CSV log (a resumed run) instead of
             starting it anew.
+        update_freq: TensorBoard's `update_freq`: `"epoch"`, or N to also
+            write the training scalars every N steps (`batch_loss`, ...,
+            against the global step).
 
     Returns:
         A list of `ChiefOnly` callbacks (possibly empty).
@@ -313,7 +316,8 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
         callbacks.append(keras.callbacks.CSVLogger(os.path.join(log_dir, "training_log.csv"),
                                                    append=append))
     if tensorboard is True or (tensorboard == "auto" and has_tensorboard):
-        callbacks.append(keras.callbacks.TensorBoard(os.path.join(log_dir, "tensorboard")))
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(log_dir, "tensorboard"),
+                                                     update_freq=update_freq))
     elif tensorboard == "auto":
         logger.info("make_logging_callbacks: no TensorBoard logs (the tensorboard package is "
                     "not installed).")

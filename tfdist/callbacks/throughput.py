@@ -19,7 +19,10 @@ class ThroughputMeter(keras.callbacks.Callback):
     where known, `tokens_per_sec`, `model_flops_per_sec` and `mfu`, so
     `History`, `CSVLogger` and `TensorBoard` placed after this callback see
     them. At the end of training `summary` holds the figures for the whole
-    run and one line is printed (chief only, if `print_fn` says so).
+    run and one line is printed (chief only, if `print_fn` says so). With
+    `log_every=N`, the figures of the last N steps are also put into the logs
+    of every N-th step, so `TensorBoard(update_freq=N)` draws throughput
+    along the run, not only one point per epoch.
 
     Every worker computes the same figures from its own clock; nothing is
     written to disk.
@@ -35,6 +38,8 @@ class ThroughputMeter(keras.callbacks.Callback):
             to skip MFU.
         warmup_steps: steps at the start of training left out of the figures.
         steps_per_execution: steps run per reported batch.
+        log_every: also add the figures of the last `log_every` steps to the
+            logs of every `log_every`-th step; None for epoch ends only.
         print_fn: called with the one-line summary at the end of training;
             None to stay silent.
 
@@ -47,13 +52,16 @@ class ThroughputMeter(keras.callbacks.Callback):
 
     def __init__(self, global_batch_size, num_replicas=1, tokens_per_example=None,
                  flops_per_example=None, peak_flops=None, warmup_steps=2,
-                 steps_per_execution=1, print_fn=print):
+                 steps_per_execution=1, log_every=None, print_fn=print):
         super().__init__()
         if global_batch_size < 1 or num_replicas < 1 or steps_per_execution < 1 or warmup_steps < 0:
             raise ValueError(
                 "ThroughputMeter needs global_batch_size, num_replicas and steps_per_execution >= 1 "
                 f"and warmup_steps >= 0; got {global_batch_size}, {num_replicas}, "
                 f"{steps_per_execution}, {warmup_steps}.")
+        if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
+            raise ValueError(f"log_every must be None or an int >= 1, got {log_every!r}.")
+        self.log_every = log_every
         self.global_batch_size = global_batch_size
         self.num_replicas = num_replicas
         self.tokens_per_example = tokens_per_example
@@ -87,6 +95,9 @@ class ThroughputMeter(keras.callbacks.Callback):
         per_step = elapsed / steps
         self._epoch_step_times.extend([per_step] * steps)
         self._run_step_times.extend([per_step] * steps)
+        if (self.log_every and logs is not None
+                and self._steps_seen // self.log_every != (self._steps_seen - steps) // self.log_every):
+            logs.update(self.figures(self._run_step_times[-self.log_every:]))
 
     def on_test_begin(self, logs=None):
         self._paused_at = time.perf_counter()
@@ -142,25 +153,29 @@ class ThroughputMeter(keras.callbacks.Callback):
 
 
 def format_summary(summary):
-    """One line for a `ThroughputMeter.summary`.
+    """One line for a `ThroughputMeter.summary`, with units and sensible digits.
 
     Example:
 
     >>> format_summary({"examples_per_sec": 100.0, "examples_per_sec_per_replica": 50.0,
     ...                 "step_time_ms": 640.0, "measured_steps": 10})
-    'Throughput: 100.0 examples/s (50.0 per replica) | step 640.0 ms mean over 10 steps'
+    'Throughput: 100 examples/s (50.0 per replica) | step 640.0 ms mean over 10 steps'
     """
-    parts = [f"Throughput: {summary['examples_per_sec']:.1f} examples/s "
-             f"({summary['examples_per_sec_per_replica']:.1f} per replica)"]
+    from tfdist.callbacks.progress import flops, si
+
+    if not summary.get("measured_steps") or "examples_per_sec" not in summary:
+        return "Throughput: not measured (every step of the run was in the meter's warmup window)."
+    parts = [f"Throughput: {si(summary['examples_per_sec'])} examples/s "
+             f"({si(summary['examples_per_sec_per_replica'])} per replica)"]
     if "tokens_per_sec" in summary:
-        parts.append(f"{summary['tokens_per_sec']:,.0f} tokens/s")
+        parts.append(f"{si(summary['tokens_per_sec'])} tokens/s")
     step = f"step {summary['step_time_ms']:.1f} ms mean"
     if "step_time_p50_ms" in summary:
         step += f", p50 {summary['step_time_p50_ms']:.1f}, p90 {summary['step_time_p90_ms']:.1f}"
-    parts.append(step + f" over {summary.get('measured_steps', '?')} steps")
+    parts.append(step + f" over {summary['measured_steps']} steps")
     if "model_flops_per_sec" in summary:
-        flops = f"model {summary['model_flops_per_sec'] / 1e9:.1f} GFLOP/s"
+        text = f"model {flops(summary['model_flops_per_sec'])}"
         if "mfu" in summary:
-            flops += f", MFU {100 * summary['mfu']:.1f}%"
-        parts.append(flops)
+            text += f", MFU {100 * summary['mfu']:.1f}%"
+        parts.append(text)
     return " | ".join(parts)

@@ -2,12 +2,14 @@
 
 A `keras.callbacks.CallbackList` with the model set (so `ModelCheckpoint`,
 `EarlyStopping`, `ReduceLROnPlateau`, `TensorBoard`... find `self.model`), a
-`History`, and a progress bar that only the chief shows when several workers
-train together.
+`History`, and a progress bar (`tfdist.callbacks.progress.ProgressLogger`:
+model metrics in the bar, speed figures with units after it) that only the
+chief shows when several workers train together.
 """
 
 import keras
 
+from tfdist.callbacks.progress import ProgressLogger
 from tfdist.strategy import is_chief
 
 
@@ -39,6 +41,9 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
         raise ValueError(f"verbose must be one of 'auto', 0, 1, 2; got {verbose!r}.")
     if not is_chief(strategy):
         verbose = 0
+    callbacks = list(callbacks or [])
+    if verbose != 0 and not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
+        callbacks.append(ProgressLogger())
     return keras.callbacks.CallbackList(
-        list(callbacks or []), add_history=add_history, add_progbar=verbose != 0,
+        callbacks, add_history=add_history, add_progbar=verbose != 0,
         model=model, verbose=verbose, epochs=epochs, steps=steps)
