@@ -51,3 +51,24 @@ def test_apply_sets_the_keras_global_policy():
         assert choice.policy == "mixed_bfloat16"
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_cpu_flags_come_from_the_environment_when_described_there(monkeypatch):
+    from tfdist.precision import cpu_flags
+
+    assert cpu_flags(environ={"TFDIST_CPU_FLAGS": "avx2, amx_bf16  fma"}) == {"avx2", "amx_bf16", "fma"}
+    assert cpu_flags(environ={"TFDIST_CPU_FLAGS": ""}) == set()
+    monkeypatch.setenv("TFDIST_CPU_FLAGS", "avx2 fma")
+    choice = detect_precision(gpu_capabilities=[])
+    assert choice.policy == "float32" and "$TFDIST_CPU_FLAGS" in choice.reason
+    monkeypatch.setenv("TFDIST_CPU_FLAGS", "avx2 amx_bf16")
+    assert detect_precision(gpu_capabilities=[]).policy == "mixed_bfloat16"
+
+
+@pytest.mark.parametrize("alias, name", [("bf16", "mixed_bfloat16"), ("FP16", "mixed_float16"),
+                                         ("fp32", "float32"), (" mixed_bf16 ", "mixed_bfloat16")])
+def test_aliases_resolve_to_keras_policies(alias, name):
+    from tfdist.precision import canonical_precision
+
+    assert canonical_precision(alias) == name
+    assert resolve_precision(alias).policy == name

@@ -1,7 +1,9 @@
+import os
+
 import pytest
 
 from tfdist.recipes.config import (COMMON_OPTIONS, ConfigError, Option, find_config_file,
-                                   parse_config)
+                                   parse_config, shipped_configs)
 
 OPTIONS = COMMON_OPTIONS + [Option("model_size", str, "tiny", "Model size.", choices=("tiny", "base"))]
 
@@ -43,7 +45,11 @@ def test_unknown_yaml_key_lists_the_valid_ones(tmp_path):
 @pytest.mark.parametrize("argv, fragment", [
     (["--global-batch-size", "0"], "global_batch_size must be >= 1, got 0"),
     (["--global-batch-size", "many"], "global_batch_size must be int, got 'many'"),
-    (["--precision", "fp8"], "precision='fp8' is not allowed"),
+    (["--precision", "fp8"], "Unknown precision 'fp8'. Valid precisions: auto, float32"),
+    (["--strategy", "mirorred"], "Unknown strategy 'mirorred'. Valid names: auto, default"),
+    (["--strategy", "parameter_server"], "does not support 'parameter_server' yet"),
+    (["--profile-steps", "9-3"], "A-B with 1 <= A <= B"),
+    (["--tf-log-level", "5"], "tf_log_level=5 is not allowed"),
     (["--xla", "maybe"], "xla='maybe' is not allowed"),
     (["--deterministic", "perhaps"], "deterministic must be bool"),
 ])
@@ -70,3 +76,31 @@ def test_missing_config_says_where_it_looked():
 def test_named_config_is_found_in_a_recipes_folder(tmp_path):
     (tmp_path / "mine.yaml").write_text("epochs: 2\n")
     assert find_config_file("mine", search_dirs=[str(tmp_path)]) == str(tmp_path / "mine.yaml")
+
+
+@pytest.mark.parametrize("alias, policy", [
+    ("bf16", "mixed_bfloat16"), ("mixed_bf16", "mixed_bfloat16"), ("BF16-mixed", "mixed_bfloat16"),
+    ("fp16", "mixed_float16"), ("16-mixed", "mixed_float16"), ("fp32", "float32"),
+    ("float32", "float32"), ("auto", "auto"),
+])
+def test_precision_aliases_map_to_keras_policies(alias, policy):
+    assert parse(["--precision", alias]).precision == policy
+
+
+def test_strategy_names_are_canonicalised_before_tensorflow():
+    assert parse(["--strategy", "Multi-Worker-Mirrored"]).strategy == "multi_worker_mirrored"
+
+
+def test_shipped_recipes_are_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TFDIST_RECIPES_DIR", raising=False)
+    path = find_config_file("transformer_tiny")
+    assert path.endswith(os.path.join("tfdist", "recipes", "configs", "transformer_tiny.yaml"))
+    assert {"transformer_tiny", "cnn_tiny", "imagenet_resnet50"} <= set(shipped_configs())
+
+
+def test_recipes_dir_env_is_searched_before_the_shipped_recipes(tmp_path, monkeypatch):
+    (tmp_path / "transformer_tiny.yaml").write_text("epochs: 7\n")
+    monkeypatch.setenv("TFDIST_RECIPES_DIR", str(tmp_path))
+    assert find_config_file("transformer_tiny") == str(tmp_path / "transformer_tiny.yaml")
+    assert parse(["--config", "transformer_tiny"]).epochs == 7

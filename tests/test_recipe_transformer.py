@@ -69,10 +69,25 @@ def test_flags_are_checked_without_importing_tensorflow():
 
     probe = ("import sys; from tfdist.recipes import transformer, cnn; "
              "assert transformer.main(['--epochs', '0']) == 2; "
+             "assert transformer.main(['--strategy', 'mirorred']) == 2; "
+             "assert transformer.main(['--precision', 'fp8']) == 2; "
+             "assert transformer.main(['--epochs', '1', '--steps-per-epoch', '10']) == 2; "
+             "assert cnn.main(['--warmup-steps', '200']) == 2; "
+             "assert transformer.main(['--profile-steps', '2-3']) == 2; "
+             "assert transformer.main(['--strategy', 'mirrored', '--all-reduce', 'ring']) == 2; "
              "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+    errors = result.stderr
+    assert "Unknown strategy 'mirorred'. Valid names: auto, default" in errors
+    assert "Unknown precision 'fp8'" in errors
+    # The recipe's default 30 warmup steps against a 10-step run, and the CNN's
+    # embedded 4096 examples / 128 = 32 steps x 4 epochs against 200 warmup steps.
+    assert "--warmup-steps 30 is not shorter than the run, which has 10 optimizer step(s)" in errors
+    assert "--warmup-steps 200 is not shorter than the run, which has 128 optimizer step(s)" in errors
+    assert "--profile-steps 2-3 writes into MODEL_DIR/tensorboard: add --model-dir" in errors
+    assert "all_reduce='ring' is not valid for mirrored" in errors
 
 
 def test_indivisible_global_batch_is_a_clear_error():

@@ -108,14 +108,33 @@ def build_model(config, data):
         flops_per_example=resnet_flops_per_example(model, image_size),
         # Batch-norm scales/offsets and biases are not decayed.
         prepare_optimizer=lambda optimizer: exclude_from_weight_decay(optimizer, model),
-        xla_blocker=("synchronised batch norm all-reduces inside the model, which an XLA-compiled "
-                     "replica step cannot hold") if synchronized else None)
+        xla_blocker=xla_blocker(config))
+
+
+def xla_blocker(config):
+    """Why this configuration's model cannot be XLA-compiled, or None.
+
+    Example:
+
+    >>> xla_blocker(argparse.Namespace(sync_bn=True))
+    'synchronised batch norm all-reduces inside the model, ...'
+    """
+    if config.sync_bn:
+        return ("synchronised batch norm all-reduces inside the model, which an XLA-compiled "
+                "replica step cannot hold")
+    return None
+
+
+def train_examples(config):
+    """Training examples known before reading any data (the embedded shapes), or None."""
+    return config.num_examples if config.dataset == "shapes" else None
 
 
 RECIPE = Recipe(
     name="cnn",
     description="Train a ResNet image classifier under any tf.distribute strategy.",
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
+    xla_blocker=xla_blocker, train_examples=train_examples,
     epilog=EPILOG)
 
 main = RECIPE.main

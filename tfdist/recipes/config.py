@@ -15,15 +15,19 @@ Example:
 import argparse
 import dataclasses
 import os
+from typing import Callable
 
 import yaml
 
-from tfdist.precision import PRECISIONS
+from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
+from tfdist.strategy_names import STRATEGY_NAMES, check_strategy_name
+from tfdist.tf_logging import TF_LOG_LEVELS
 from tfdist.xla import XLA_MODES
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
+PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 class ConfigError(ValueError):
@@ -42,6 +46,9 @@ class Option:
         help: one sentence for `--help`.
         choices: the allowed values, or None for any value of `type`.
         minimum: the smallest allowed number, for `int`/`float` options.
+        normalize: called with the converted value, returns the canonical
+            one (e.g. an alias to its name) or raises `ValueError` with a
+            message that teaches; None to keep the value.
 
     Example:
 
@@ -55,6 +62,7 @@ class Option:
     help: str
     choices: tuple = None
     minimum: float = None
+    normalize: Callable = None
 
     @property
     def flag(self):
@@ -75,6 +83,11 @@ class Option:
         except (TypeError, ValueError):
             raise ConfigError(
                 f"{source}: {self.name} must be {self.type.__name__}, got {value!r}.") from None
+        if self.normalize is not None:
+            try:
+                value = self.normalize(value)
+            except ValueError as error:
+                raise ConfigError(f"{source}: {error}") from None
         if self.choices is not None and value not in self.choices:
             raise ConfigError(
                 f"{source}: {self.name}={value!r} is not allowed. Choose one of: "
@@ -98,7 +111,7 @@ def _to_bool(value):
 
 COMMON_OPTIONS = [
     Option("strategy", str, "auto",
-           "Distribution strategy: auto, default, one_device, mirrored, multi_worker_mirrored."),
+           f"Distribution strategy: {', '.join(STRATEGY_NAMES)}.", normalize=check_strategy_name),
     Option("devices", int, None,
            "Devices per worker (GPUs; on a machine without GPUs the CPU is split into this many "
            "logical devices). Default: all GPUs, or one CPU device.", minimum=1),
@@ -114,12 +127,14 @@ COMMON_OPTIONS = [
            minimum=1),
     Option("precision", str, "auto",
            "auto (bfloat16 on AMX/AVX512-BF16 CPUs and Ampere+ GPUs, float16 on compute capability 7.x, "
-           "else float32), float32, mixed_float16, mixed_bfloat16.", choices=PRECISIONS),
+           "else float32), float32, mixed_float16, mixed_bfloat16; aliases: "
+           f"{', '.join(PRECISION_ALIASES)}.", choices=PRECISIONS, normalize=canonical_precision),
     Option("xla", str, "auto", "XLA compilation of the replica step: auto, on, off.", choices=XLA_MODES),
     Option("optimizer", str, "adamw", "Optimizer.", choices=OPTIMIZERS),
     Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0),
     Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES),
-    Option("warmup_steps", int, 0, "Linear warmup steps.", minimum=0),
+    Option("warmup_steps", int, 0,
+           "Linear warmup steps; more than the run's optimizer steps is an error.", minimum=0),
     Option("weight_decay", float, 0.0, "Decoupled weight decay (adamw, lion, lamb, sgd).", minimum=0.0),
     Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
            minimum=0.0),
@@ -127,7 +142,14 @@ COMMON_OPTIONS = [
     Option("steps_per_execution", int, 1, "Training steps run inside one tf.function call.", minimum=1),
     Option("dataset", str, None, "Data source (see the recipe's --help for the forms)."),
     Option("model_dir", str, None,
-           "Folder for checkpoints and TensorBoard logs (default: none written)."),
+           "Folder for the run's record (config.yaml), CSV and TensorBoard logs and checkpoints "
+           "(default: none written)."),
+    Option("log_every", int, 100,
+           "Write training scalars to TensorBoard every N steps, besides every epoch (needs "
+           "--model-dir).", minimum=1),
+    Option("profile_steps", str, None,
+           "Capture a profiler trace of steps A-B (e.g. 20-25) into MODEL_DIR/tensorboard, for "
+           "TensorBoard's Profile tab (needs --model-dir).", normalize=lambda text: parse_step_range(text)[2]),
     Option("backup_dir", str, None,
            "Folder for step-level backups; a relaunched run resumes at the exact step of the last "
            "one (default: MODEL_DIR/backup when --model-dir is given, else none)."),
@@ -137,19 +159,49 @@ COMMON_OPTIONS = [
     Option("seed", int, 42, "Random seed for weights and data order."),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
     Option("verbose", int, None,
-           "0: silent, 1: progress bar, 2: one line per epoch (default: 1 on a terminal, else 2).",
-           choices=(0, 1, 2)),
+           "0: silent, 1: progress bar, 2: one line per epoch, 3: as 2 plus how the input is "
+           "sharded (default: 1 on a terminal, else 2).", choices=(0, 1, 2, 3)),
+    Option("tf_log_level", int, None,
+           "TensorFlow's own C++ logging: 0 everything, 1 warnings, 2 errors, 3 nothing (default: "
+           "$TF_CPP_MIN_LOG_LEVEL when set, else 3).", choices=TF_LOG_LEVELS),
 ]
 
 
+def parse_step_range(text):
+    """Parses a step range `A-B` (1 <= A <= B) for `--profile-steps`.
+
+    Returns:
+        `(first, last, canonical_text)`.
+
+    Raises:
+        ValueError: not of the form `A-B` with 1 <= A <= B.
+
+    Example:
+
+    >>> parse_step_range("20-25")
+    (20, 25, '20-25')
+    """
+    parts = str(text).split("-")
+    try:
+        first, last = (int(part) for part in parts)
+    except ValueError:
+        first = last = None
+    if first is None or not 1 <= first <= last:
+        raise ValueError(f"profile_steps must be a step range A-B with 1 <= A <= B, such as 20-25; "
+                         f"got {text!r}.")
+    return first, last, f"{first}-{last}"
+
+
 def find_config_file(name_or_path, search_dirs=None):
-    """Finds a recipe YAML by path, or by name in the top-level `recipes/` folder.
+    """Finds a recipe YAML by path, or by name among the shipped and your own recipes.
 
     Args:
         name_or_path: a path to a YAML file, or a recipe name such as
-            `transformer_tiny` (looked up as `recipes/transformer_tiny.yaml`).
-        search_dirs: folders to look in for names; default: `$TFDIST_RECIPES_DIR`,
-            `./recipes` and the `recipes/` folder of the tfdist checkout.
+            `transformer_tiny` (looked up as `transformer_tiny.yaml`).
+        search_dirs: folders to look in for names; default: the folders in
+            `$TFDIST_RECIPES_DIR` (separated by `:`), then the recipes that
+            ship inside the package (`tfdist/recipes/configs/`), so names work
+            from any directory and from a wheel install.
 
     Returns:
         The path of an existing file.
@@ -159,15 +211,16 @@ def find_config_file(name_or_path, search_dirs=None):
 
     Example:
 
-    >>> find_config_file("recipes/transformer_tiny.yaml")
-    'recipes/transformer_tiny.yaml'
+    >>> find_config_file("my_run.yaml")
+    'my_run.yaml'
+    >>> os.path.basename(find_config_file("transformer_tiny"))
+    'transformer_tiny.yaml'
     """
     if os.path.isfile(name_or_path):
         return name_or_path
     if search_dirs is None:
-        checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        search_dirs = [d for d in (os.environ.get(CONFIG_DIRS_ENV), "recipes",
-                                   os.path.join(checkout, "recipes")) if d]
+        search_dirs = [d for d in os.environ.get(CONFIG_DIRS_ENV, "").split(os.pathsep) if d]
+        search_dirs.append(PACKAGED_CONFIGS)
     tried = [name_or_path]
     for folder in search_dirs:
         for candidate in (name_or_path, name_or_path + ".yaml", name_or_path + ".yml"):
@@ -195,7 +248,7 @@ def load_config_file(path, options):
 
     Example:
 
-    >>> load_config_file("recipes/transformer_tiny.yaml", COMMON_OPTIONS + extra)
+    >>> load_config_file(find_config_file("transformer_tiny"), COMMON_OPTIONS + extra)
     {'strategy': 'mirrored', ...}
     """
     by_name = {option.name: option for option in options}
@@ -219,6 +272,21 @@ def load_config_file(path, options):
     return values
 
 
+def shipped_configs():
+    """Names of the YAML recipes that ship inside the package.
+
+    Example:
+
+    >>> "transformer_tiny" in shipped_configs()
+    True
+    """
+    try:
+        names = os.listdir(PACKAGED_CONFIGS)
+    except OSError:
+        return []
+    return sorted(name[:-5] for name in names if name.endswith(".yaml"))
+
+
 def build_parser(options, prog, description, epilog=None):
     """Builds the argparse parser for a recipe from its `Option` list.
 
@@ -236,7 +304,12 @@ def build_parser(options, prog, description, epilog=None):
         formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS)
     parser.add_argument(
         "--config", metavar="FILE",
-        help="YAML recipe (a path, or a name in the top-level recipes/ folder); flags override it.")
+        help="YAML recipe: a path, or the name of a shipped recipe (" + ", ".join(shipped_configs())
+             + f") or of one in ${CONFIG_DIRS_ENV}; flags override it.")
+    parser.add_argument(
+        "--print-config", action="store_true",
+        help="Print the configuration this run would use (after --config, flags and the auto "
+             "choices) as YAML, and exit.")
     for option in options:
         metavar = "{" + ",".join(map(str, option.choices)) + "}" if option.choices else option.type.__name__.upper()
         extra = {"nargs": "?", "const": "true"} if option.type is bool else {}
@@ -256,8 +329,8 @@ def parse_config(argv, options, prog, description="", epilog=None):
 
     Returns:
         An `argparse.Namespace` holding every option's final value, plus
-        `config_file` (the YAML used, or None) and `explicit` (the set of
-        option names set by a flag or the file).
+        `config_file` (the YAML used, or None), `explicit` (the set of
+        option names set by a flag or the file) and `print_config`.
 
     Raises:
         ConfigError: a bad flag value, config file or unknown key.
@@ -274,6 +347,7 @@ def parse_config(argv, options, prog, description="", epilog=None):
     parser = build_parser(options, prog, description, epilog)
     flags = vars(parser.parse_args(argv))
     config_file = flags.pop("config", None)
+    print_config = flags.pop("print_config", False)
     values = {option.name: option.default for option in options}
     explicit = set()
     if config_file is not None:
@@ -285,4 +359,5 @@ def parse_config(argv, options, prog, description="", epilog=None):
         if option.name in flags:
             values[option.name] = option.convert(flags[option.name], f"flag {option.flag}")
             explicit.add(option.name)
-    return argparse.Namespace(**values, config_file=config_file, explicit=explicit)
+    return argparse.Namespace(**values, config_file=config_file, explicit=explicit,
+                              print_config=print_config)

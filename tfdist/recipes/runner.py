@@ -21,8 +21,12 @@ import os
 import sys
 from typing import Callable
 
-from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config
+from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
+from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
+                                   render_record, write_record)
 from tfdist.xla import resolve_xla
+
+INTERRUPTED_EXIT_CODE = 130  # the shell's code for a program stopped by Ctrl-C (SIGINT)
 
 logger = logging.getLogger("tfdist")
 
@@ -89,6 +93,13 @@ class Recipe:
         build_data: `config -> RecipeData`.
         build_model: `(config, RecipeData) -> RecipeModel`, called inside
             the strategy scope.
+        xla_blocker: `config -> str or None`: why the model this config
+            builds cannot be XLA-compiled (known before it is built, for
+            `--print-config`); None when every model can be.
+        train_examples: `config -> int or None`: the number of training
+            examples when it is known without reading data (an embedded
+            dataset), so that a warmup longer than the run is refused before
+            TensorFlow starts.
         epilog: text after the flags in `--help`.
     """
 
@@ -98,6 +109,8 @@ class Recipe:
     defaults: dict
     build_data: Callable
     build_model: Callable
+    xla_blocker: Callable = None
+    train_examples: Callable = None
     epilog: str = None
 
     def main(self, argv=None):
@@ -116,14 +129,14 @@ class Recipe:
 
 def _configure_logging(verbose):
     """tfdist's own messages at INFO on stderr (the data pipeline's per-shard
-    lines only with --verbose 2); other libraries' loggers are left alone."""
+    lines only with --verbose 3); other libraries' loggers are left alone."""
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
-    logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 2 else logging.WARNING)
+    logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 3 else logging.WARNING)
 
 
 def _respect_xla_blocker(mode, jit_compile, reason, blocker):
@@ -145,13 +158,16 @@ def run_recipe(recipe, argv=None):
     """Parses flags, builds everything and trains. Returns the exit code.
 
     Bad flags, configs, strategy names or TF_CONFIG give a one-line error
-    naming the problem and exit code 2.
+    naming the problem and exit code 2 (flag and config errors before
+    TensorFlow starts). Ctrl-C prints where training stopped and how to
+    resume, and exits 130.
     """
     prog = f"python -m tfdist.recipes.{recipe.name}"
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         config = parse_config(argv, recipe.all_options(), prog=prog,
                               description=recipe.description, epilog=recipe.epilog)
+        check_before_tensorflow(recipe, config)
     except ConfigError as error:
         return _exit_error(prog, error)
     if config.verbose is None:
@@ -159,8 +175,14 @@ def run_recipe(recipe, argv=None):
         # (CI logs, the launcher), so default to a line per epoch there.
         config.verbose = 1 if sys.stdout.isatty() else 2
     _configure_logging(config.verbose)
+    where = {}
     try:
-        return _train(recipe, config)
+        if config.print_config:
+            return _print_config(recipe, config)
+        return _train(recipe, config, where)
+    except KeyboardInterrupt:
+        print(_interrupted_line(where), file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT_CODE
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
@@ -169,25 +191,136 @@ def run_recipe(recipe, argv=None):
         return _exit_error(prog, f"{type(error).__name__}: {error}")
 
 
-def _train(recipe, config):
-    # Import TensorFlow only after the flags are known to be good, and split
-    # logical devices before TF initialises (create_strategy does that).
-    import keras
-    import tensorflow as tf
+def check_before_tensorflow(recipe, config):
+    """Checks what can be checked from the flags alone, before TensorFlow starts.
 
-    from tfdist.callbacks import (BackupAndResume, NanGuard, ThroughputMeter, latest_backup,
-                                  make_logging_callbacks)
+    The strategy and precision names are checked while parsing; here: the
+    all-reduce name for the strategy, a warmup that must end before the run
+    does (when the run's length is known without reading data), and the
+    flags that need `--model-dir`.
+
+    Raises:
+        ConfigError: naming the flag and the way out.
+
+    Example:
+
+    >>> check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
+    """
+    from tfdist.strategy_names import check_all_reduce_name
+
+    try:
+        check_all_reduce_name(config.strategy, config.all_reduce)
+    except ValueError as error:
+        raise ConfigError(f"--all-reduce: {error}") from None
+    for flag, value in (("--profile-steps", config.profile_steps),):
+        if value is not None and not config.model_dir:
+            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
+    steps_per_epoch = config.steps_per_epoch
+    if steps_per_epoch is None and recipe.train_examples is not None:
+        examples = recipe.train_examples(config)
+        if examples is not None:
+            steps_per_epoch = max(examples // config.global_batch_size, 1)
+    if steps_per_epoch is not None:
+        check_warmup(config, steps_per_epoch)
+
+
+def check_warmup(config, steps_per_epoch):
+    """Refuses a warmup that does not end before the last optimizer step.
+
+    Raises:
+        ConfigError: naming the warmup, the run's optimizer steps and the way out.
+
+    Example:
+
+    >>> check_warmup(argparse.Namespace(warmup_steps=30, epochs=1, grad_accum_steps=1), 10)
+    Traceback (most recent call last):
+    ConfigError: --warmup-steps 30 is not shorter than the run ...
+    """
+    total = optimizer_steps(config, steps_per_epoch)
+    if config.warmup_steps and config.warmup_steps >= total:
+        raise ConfigError(
+            f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
+            f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
+            + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
+            + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
+            "or a longer run (--epochs, --steps-per-epoch).")
+
+
+def optimizer_steps(config, steps_per_epoch):
+    """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps)."""
+    return math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)
+
+
+def _auto_choices(recipe, config, on_gpu):
+    """The precision and XLA settings this config resolves to on this machine."""
+    from tfdist.precision import resolve_precision
+
+    precision = resolve_precision(config.precision)
+    jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
+    blocker = recipe.xla_blocker(config) if recipe.xla_blocker else None
+    jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
+    return precision, jit_compile, xla_reason
+
+
+def _print_config(recipe, config):
+    """`--print-config`: the options and what `auto` resolves to here, as YAML."""
+    from tfdist.tf_logging import import_tensorflow
+
+    import_tensorflow(config.tf_log_level)  # to ask for GPUs, quietly
+    from tfdist.devices import gpu_count
+
+    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpu_count() > 0)
+    resolved = {"precision": precision.policy, "precision_reason": precision.reason,
+                "xla": jit_compile, "xla_reason": xla_reason}
+    if config.strategy == "auto":
+        resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
+    print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
+          end="")
+    return 0
+
+
+def _interrupted_line(where):
+    """The one line Ctrl-C prints: where training stopped and how to resume."""
+    from tfdist.callbacks import latest_backup
+
+    position = where.get("position")
+    stopped = "Interrupted before training started."
+    if position is not None and position.epoch is not None:
+        stopped = (f"Interrupted in epoch {position.epoch + 1} after step {position.step} of it "
+                   f"({position.steps_run} step(s) run).")
+    backup_dir = where.get("backup_dir")
+    backup = latest_backup(backup_dir) if backup_dir else None
+    if backup is not None:
+        return (f"{stopped} Rerun the same command to resume from the last backup "
+                f"(epoch {backup.epoch + 1}, step {backup.step}, global step {backup.global_step}) "
+                f"in {backup_dir}.")
+    if backup_dir:
+        return f"{stopped} No backup was written yet in {backup_dir}; rerunning starts over."
+    return f"{stopped} Nothing was saved: add --model-dir DIR (or --backup-dir) to make a run resumable."
+
+
+def _train(recipe, config, where):
+    # TensorFlow starts only after the flags are known to be good, quietly
+    # unless asked, and logical devices are split before it initialises
+    # (create_strategy does that).
+    from tfdist.tf_logging import import_tensorflow
+
+    tf = import_tensorflow(config.tf_log_level)
+    import keras
+
+    from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
+                                  latest_backup, make_logging_callbacks)
+    from tfdist.callbacks.progress import RunPosition
     from tfdist.data import distribute_dataset
     from tfdist.devices import gpu_count
     from tfdist.optimizers import build_optimizer
-    from tfdist.precision import apply_precision
     from tfdist.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
 
     strategy = create_strategy(config.strategy, devices=config.devices, all_reduce=config.all_reduce)
     info = describe_strategy(strategy)
-    precision = apply_precision(config.precision)
-    jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=gpu_count() > 0)
+    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpu_count() > 0)
+    keras.mixed_precision.set_global_policy(precision.policy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -198,7 +331,8 @@ def _train(recipe, config):
             f"--global-batch-size {config.global_batch_size} does not divide evenly over "
             f"{info.num_replicas} replicas; use a multiple of {info.num_replicas}.")
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
-    optimizer_steps = math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)
+    check_warmup(config, steps_per_epoch)
+    total_steps = optimizer_steps(config, steps_per_epoch)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
     train = distribute_dataset(strategy, data.train, config.global_batch_size, training=True,
                                **pipeline)
@@ -213,7 +347,7 @@ def _train(recipe, config):
                                                        built.xla_blocker)
         optimizer = build_optimizer(
             config.optimizer, config.learning_rate, schedule=config.schedule,
-            warmup_steps=config.warmup_steps, total_steps=optimizer_steps,
+            warmup_steps=config.warmup_steps, total_steps=total_steps,
             weight_decay=config.weight_decay)
         if built.prepare_optimizer is not None:
             built.prepare_optimizer(optimizer)
@@ -222,31 +356,60 @@ def _train(recipe, config):
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution)
 
     say = print if info.is_chief else (lambda *args, **kwargs: None)
+    resolved = {
+        "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
+        "precision": precision.policy, "precision_reason": precision.reason,
+        "xla": jit_compile, "xla_reason": xla_reason,
+        "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
+        "tensorflow": tf.__version__, "keras": keras.__version__,
+    }
+    backup_dir = config.backup_dir or (
+        os.path.join(config.model_dir, "backup") if config.model_dir else None)
+    where["backup_dir"] = backup_dir
+    resuming = bool(backup_dir) and latest_backup(backup_dir) is not None
+    if config.model_dir and info.is_chief:
+        _record_run(recipe, config, resolved, resuming)
     say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
                      steps_per_epoch))
     meter = ThroughputMeter(
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
-        steps_per_execution=config.steps_per_execution, print_fn=say)
+        steps_per_execution=config.steps_per_execution, log_every=config.log_every, print_fn=None)
+    position = where["position"] = RunPosition()
     # Producers first (the loggers after them see their values); NanGuard
     # before the backup, so that a NaN step is never backed up.
-    callbacks = [meter, NanGuard()]
-    backup_dir = config.backup_dir or (
-        os.path.join(config.model_dir, "backup") if config.model_dir else None)
-    resuming = False
+    callbacks = [position, meter, NanGuard()]
     if backup_dir:
-        resuming = latest_backup(backup_dir) is not None
         callbacks.append(BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
                                          max_to_keep=config.backup_keep, strategy=strategy))
     if config.model_dir:
-        # CSV, TensorBoard and per-epoch weights, written by the chief only.
+        # CSV, TensorBoard (every --log-every steps and every epoch) and
+        # per-epoch weights, written by the chief only.
         callbacks += make_logging_callbacks(config.model_dir, checkpoint=True, strategy=strategy,
-                                            append=resuming)
+                                            append=resuming, update_freq=config.log_every)
+    if config.profile_steps:
+        first, last, _ = parse_step_range(config.profile_steps)
+        callbacks.append(ProfilerWindow(os.path.join(config.model_dir, "tensorboard", "train"),
+                                        start_step=first - 1, stop_step=last))
     history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
                           validation_data=validation, validation_steps=config.validation_steps,
-                          callbacks=callbacks, verbose=config.verbose if info.is_chief else 0)
-    say(_final_block(history, data))
+                          callbacks=callbacks, verbose=min(config.verbose, 2) if info.is_chief else 0)
+    say(_final_block(history, data, meter.summary))
+    if config.model_dir:
+        say(_outputs_block(config.model_dir, backup_dir, config.profile_steps))
     return 0
+
+
+def _record_run(recipe, config, resolved, resuming):
+    """Writes MODEL_DIR/config.yaml; a resumed run first names what changed."""
+    values = config_values(config, recipe.all_options())
+    if resuming:
+        changes = changed_keys(read_record(config.model_dir),
+                               {"options": values, "resolved": resolved})
+        if changes:
+            logger.warning("Resuming in %s with a different configuration than the run that "
+                           "wrote its backups: %s.", config.model_dir, describe_changes(changes))
+    write_record(config.model_dir, values, resolved, config.config_file)
 
 
 def _steps_in(source, global_batch_size):
@@ -284,13 +447,31 @@ def _start_block(config, info, precision, jit_compile, xla_reason, data, built, 
     return "\n".join(lines)
 
 
-def _final_block(history, data):
-    lines = ["Final metrics:"]
-    for name, values in history.history.items():
-        if not values or name in ("learning_rate",):
+def _final_block(history, data, speed):
+    """Model metrics (first epoch -> last, beside chance), then the speed figures."""
+    from tfdist.callbacks import format_summary
+    from tfdist.callbacks.progress import model_metrics
+
+    lines = ["Results (first epoch -> last):"]
+    for name, values in model_metrics(history.history).items():
+        if not values:
             continue
         chance = data.chance.get(name.removeprefix("val_"))
         first = f"{values[0]:.4f} -> " if len(values) > 1 else ""
         suffix = f"  (chance: {chance:.4f})" if chance is not None else ""
-        lines.append(f"  {name:<28} {first}{values[-1]:.4f}{suffix}")
+        lines.append(f"  {name:<16} {first}{values[-1]:.4f}{suffix}")
+    lines.append(format_summary(speed))
+    return "\n".join(lines)
+
+
+def _outputs_block(model_dir, backup_dir, profile_steps):
+    """Where the run's outputs went, and how to look at them."""
+    lines = [f"Outputs in {model_dir}:",
+             "  config.yaml        the configuration this run used (options and auto choices)",
+             "  training_log.csv   one row per epoch",
+             f"  tensorboard/       tensorboard --logdir {os.path.join(model_dir, 'tensorboard')}"
+             + (f" (profile of steps {profile_steps}: Profile tab)" if profile_steps else ""),
+             "  checkpoints/       weights at each epoch end"]
+    if backup_dir:
+        lines.append(f"  backups            {backup_dir} (rerun the same command to resume)")
     return "\n".join(lines)

@@ -151,11 +151,16 @@ def build_model(config, data):
         flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
 
 
+def train_examples(config):
+    """Training examples known before reading any data (an embedded task), or None."""
+    return config.num_examples if config.dataset.split(":")[0] == "embedded" else None
+
+
 RECIPE = Recipe(
     name="transformer",
     description="Train a Transformer decoder language model under any tf.distribute strategy.",
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
-    epilog=EPILOG)
+    train_examples=train_examples, epilog=EPILOG)
 
 main = RECIPE.main
 
