@@ -8,8 +8,9 @@ FROM python:3.11.7-slim-bookworm
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TF_CPP_MIN_LOG_LEVEL=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# TensorFlow's C++ logging is quiet by default in tfdist's commands; pass
+# -e TF_CPP_MIN_LOG_LEVEL=0 (or a recipe's --tf-log-level 0) to see it.
 
 WORKDIR /workspace
 # Dependencies first, so that code changes do not rebuild the CUDA layer.
@@ -19,8 +20,9 @@ RUN pip install ".[cuda,datasets]" && pip uninstall -y tfdist
 
 COPY tfdist tfdist
 COPY recipes recipes
-RUN pip install --no-deps . && python -c "import tfdist.recipes.config"
-ENV TFDIST_RECIPES_DIR=/workspace/recipes
+# The YAML recipes ship inside the package (--config transformer_tiny); mount
+# your own folder of YAML files and name it in TFDIST_RECIPES_DIR to add more.
+RUN pip install --no-deps . && tfdist transformer --config transformer_tiny --print-config >/dev/null
 
 # Checkpoints and TensorBoard logs: mount a volume here.
 VOLUME /workspace/runs

@@ -35,6 +35,8 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in [REPO_ROOT, full_env.get("PYTHONPATH", "")] if p)
     full_env.update(env or {})
+    for name in [name for name, value in full_env.items() if value is None]:
+        del full_env[name]  # env={"NAME": None} unsets NAME
     return subprocess.run(command + ["--"] + worker, cwd=REPO_ROOT, env=full_env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout + 30)

@@ -103,6 +103,16 @@ def wait_until_started(proc, tmp_path, workers):
 
 # ---- environment --------------------------------------------------------------
 
+def test_workers_are_quiet_about_tensorflow_unless_the_environment_says_otherwise():
+    env = launcher_env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]
+    code, out, err, _ = run(["--workers", "2"], [PY, script("launch_env.py")], env=env)
+    assert code == 0, err
+    for rank in range(2):
+        (line,) = [x for x in lines_of(out, rank) if x.startswith("ENV ")]
+        assert json.loads(line[len("ENV "):])["TF_CPP_MIN_LOG_LEVEL"] == "3"
+
+
 def test_each_rank_gets_its_tf_config_and_env():
     env = launcher_env(TF_CONFIG='{"cluster": {"worker": ["elsewhere:1"]}}')
     code, out, err, _ = run(["--workers", "3", "--devices-per-worker", "2", "--startup-timeout", "100"],
@@ -130,6 +140,7 @@ def test_each_rank_gets_its_tf_config_and_env():
         assert env_seen["TFDIST_WORLD_SIZE"] == "3"
         assert env_seen["TFDIST_DEVICES_PER_WORKER"] == "2"
         assert env_seen["PYTHONUNBUFFERED"] == "1"
+        assert env_seen["TF_CPP_MIN_LOG_LEVEL"] == "2"  # the launcher's own, kept
         # Workers give up before the launcher does, so they can name the missing peer.
         assert env_seen["TFDIST_STARTUP_TIMEOUT"] == "90"
         ready_files.add(env_seen["TFDIST_READY_FILE"])

@@ -1,6 +1,7 @@
 """The Transformer recipe end to end, in fresh processes, as a user runs it."""
 
 import json
+import re
 
 import pytest
 
@@ -25,9 +26,15 @@ def test_mirrored_on_two_logical_devices_learns():
 @pytest.mark.slow
 @pytest.mark.multiworker
 def test_two_workers_through_the_launcher_learn():
+    # As a user runs it: nothing set about TensorFlow's logging.
     result = launch(["-m", "tfdist.recipes.transformer", "--strategy", "multi_worker_mirrored",
-                     *SHORT], workers=2, timeout=420)
+                     *SHORT], workers=2, timeout=420, env={"TF_CPP_MIN_LOG_LEVEL": None})
     assert result.returncode == 0, result.stdout[-4000:]
+    lines = result.stdout.splitlines()
+    tf_lines = [line for line in lines if re.match(r"^\[worker \d+\] [IWEF]\d{4} \d\d:", line)
+                or "absl::InitializeLog" in line]
+    assert tf_lines == [], "\n".join(tf_lines)
+    assert max(len(line) for line in lines) <= 200, result.stdout[-4000:]
     assert "multi_worker_mirrored: 2 replica(s) on 2 worker(s)" in result.stdout
     # The chief alone prints the report.
     assert "[worker 0] Throughput:" in result.stdout

@@ -6,6 +6,8 @@ Nothing here imports TensorFlow; the layout is plain data.
 import json
 import socket
 
+from tfdist.tf_logging import LOG_LEVEL_ENV, QUIET_LEVEL
+
 
 def free_ports(count, host="127.0.0.1"):
     """Returns `count` distinct TCP ports that are free on `host` right now.
@@ -102,7 +104,8 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, sta
     """Returns the environment of worker `rank`: `base_env` plus tfdist's vars.
 
     Sets TF_CONFIG (worker 0 is the chief), TFDIST_RANK, TFDIST_WORLD_SIZE,
-    TFDIST_READY_FILE, PYTHONUNBUFFERED=1 and, when given,
+    TFDIST_READY_FILE, PYTHONUNBUFFERED=1, TF_CPP_MIN_LOG_LEVEL=3 (TensorFlow's
+    C++ logging off) unless `base_env` sets it, and, when given,
     TFDIST_DEVICES_PER_WORKER and TFDIST_STARTUP_TIMEOUT (read by
     `tfdist.strategy.create_strategy`) and CUDA_VISIBLE_DEVICES (this
     worker's own GPUs). `base_env` is not modified.
@@ -130,6 +133,7 @@ def worker_env(base_env, cluster, rank, ready_file, devices_per_worker=None, sta
     env["TFDIST_WORLD_SIZE"] = str(len(cluster["worker"]))
     env["TFDIST_READY_FILE"] = ready_file
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault(LOG_LEVEL_ENV, str(QUIET_LEVEL))
     if devices_per_worker is not None:
         env["TFDIST_DEVICES_PER_WORKER"] = str(devices_per_worker)
     if startup_timeout is not None:
