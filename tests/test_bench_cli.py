@@ -1,27 +1,64 @@
 """`tfdist bench` end to end: quick runs write the table, JSON and PNG, and the
-figures in them are consistent with each other."""
+figures in them are consistent with each other; without matplotlib the
+report is written and only the plot is skipped.
 
+No test depends on the CPU that runs it: every run describes the CPU through
+`TFDIST_CPU_FLAGS` (what `--precision auto` reads), so what auto picks is
+fixed by the test.
+"""
+
+import importlib
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from mw import REPO_ROOT
+from tfdist.xla import resolve_xla
 
-pytestmark = pytest.mark.slow
+AVX2_CPU = "avx2 fma"
+TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d", re.MULTILINE)  # TensorFlow's C++ log
+BF16_CPU = "avx2 amx_bf16 avx512_bf16"
 
 
-def _run(args, timeout=300):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+class NoMatplotlib:
+    """A meta-path finder that makes matplotlib unimportable (as if not installed)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+
+# Runs tfdist bench's command line in a process where matplotlib cannot be imported.
+BENCH_WITHOUT_MATPLOTLIB = ("import sys\n" + inspect.getsource(NoMatplotlib)
+                            + "sys.meta_path.insert(0, NoMatplotlib())\n"
+                            "from tfdist.bench.cli import main\n"
+                            "sys.exit(main(sys.argv[1:]))\n")
+
+
+def _env(cpu_flags=AVX2_CPU, tf_log_level="2"):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=tf_log_level or "", PYTHONUNBUFFERED="1",
+               TFDIST_CPU_FLAGS=cpu_flags)
     env.pop("TF_CONFIG", None)
+    if tf_log_level is None:  # tfdist's own default (quiet)
+        env.pop("TF_CPP_MIN_LOG_LEVEL")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO_ROOT, env.get("PYTHONPATH", "")] if p)
-    return subprocess.run([sys.executable, "-m", "tfdist.bench"] + args, cwd=REPO_ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    return env
 
 
+def _run(args, timeout=300, cpu_flags=AVX2_CPU, tf_log_level="2",
+         python_args=("-m", "tfdist.bench")):
+    return subprocess.run([sys.executable, *python_args] + args, cwd=REPO_ROOT,
+                          env=_env(cpu_flags, tf_log_level), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
 def test_quick_report_writes_table_json_and_plot(tmp_path):
     out = tmp_path / "bench"
     # One single-process point and one two-worker point through the launcher.
@@ -62,9 +99,16 @@ def test_quick_report_writes_table_json_and_plot(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu_flags, auto_precision, auto_xla", [
+    (AVX2_CPU, "float32", True),
+    (BF16_CPU, "mixed_bfloat16", False),
+])
+def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path, cpu_flags,
+                                                                auto_precision, auto_xla):
     path = tmp_path / "engine.json"
-    result = _run(["engine", "--quick", "--same-xla", "off", "--json-out", str(path)])
+    result = _run(["engine", "--quick", "--same-xla", "off", "--json-out", str(path)],
+                  cpu_flags=cpu_flags)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "same settings (float32, XLA off, strategy default): tfdist / keras fit:" in result.stdout
     assert "defaults vs defaults: tfdist / keras fit:" in result.stdout
@@ -76,12 +120,18 @@ def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path):
     # CPU-only machine (compile's jit_compile="auto" is off there): measured once.
     assert defaults["denominator"] == "keras fp32 xla-off"
     ours = report["contenders"][defaults["numerator"]]
-    assert ours["strategy"] == "one_device" and ours["xla"] is True
+    # tfdist's defaults follow the CPU described by TFDIST_CPU_FLAGS, not this machine's.
+    assert ours["strategy"] == "one_device"
+    assert (ours["precision"], ours["xla"]) == (auto_precision, auto_xla), ours
+    assert "TFDIST_CPU_FLAGS" in ours["precision_reason"]
+    assert (ours["xla"], ours["xla_reason"]) == resolve_xla("auto", auto_precision, on_gpu=False)
+    assert auto_precision in report["peaks"]
     for name, figures in report["contenders"].items():
         assert figures["mfu"] == pytest.approx(
             figures["model_flops_per_sec"] / report["peaks"][figures["precision"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--models", "rnn"], "'rnn' not allowed"),
     (["--sizes", "transformer=huge"], "Unknown transformer size 'huge'"),
@@ -92,3 +142,78 @@ def test_bad_arguments_fail_fast_with_the_bad_value(args, message):
     result = _run(args + ["--out", "/nonexistent/never-written"], timeout=120)
     assert result.returncode == 2
     assert message in result.stdout
+
+
+def _scaling_result():
+    from tfdist.bench.report import scaling_rows
+
+    point = {"replicas": 1, "workers": 1, "precision": "float32", "xla": True,
+             "global_batch_size": 8, "examples_per_sec": 100.0, "tokens_per_sec": 3200.0,
+             "examples_per_sec_per_replica": 100.0, "step_time_p50_ms": 80.0,
+             "step_time_p90_ms": 90.0, "step_time_p99_ms": 99.0, "input_wait_share": 0.1}
+    two = dict(point, replicas=2, global_batch_size=16, examples_per_sec=150.0,
+               examples_per_sec_per_replica=75.0)
+    return {"meta": {"device_kind": "CPU", "machine": "2 CPU cores (test)", "tensorflow": "x",
+                     "keras": "y", "date": "today", "command": "tfdist bench --quick"},
+            "peaks": {}, "settings": {},
+            "scaling": {"transformer": {"workload": "transformer tiny", "mode": "weak",
+                                        "batch_label": "per-replica batch 8",
+                                        "rows": scaling_rows([point, two])}}}
+
+
+def test_write_report_without_matplotlib_skips_only_the_plot(tmp_path, monkeypatch):
+    from tfdist.bench.plot import matplotlib_available
+    from tfdist.bench.report import write_report
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NoMatplotlib()] + sys.meta_path)
+    assert not matplotlib_available()
+    with pytest.raises(ImportError):
+        importlib.import_module("matplotlib")  # the blocker works
+
+    said = []
+    paths = write_report(_scaling_result(), str(tmp_path), log=said.append)
+
+    assert paths == [str(tmp_path / "report.md"), str(tmp_path / "results.json")]
+    assert "| Replicas | Workers |" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["scaling"]["transformer"]["rows"]
+    assert not (tmp_path / "scaling.png").exists()
+    assert len(said) == 1 and "scaling.png" in said[0] and 'tfdist[bench]' in said[0], said
+
+
+def test_write_report_with_matplotlib_draws_the_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tfdist.bench.report import write_report
+
+    said = []
+    paths = write_report(_scaling_result(), str(tmp_path), log=said.append)
+
+    assert paths[-1] == str(tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert said == []
+
+
+@pytest.mark.slow
+def test_quick_report_without_matplotlib_says_so_at_start_and_writes_the_rest(tmp_path):
+    out = tmp_path / "bench"
+    # No TF_CPP_MIN_LOG_LEVEL: the bench's own default must keep TensorFlow quiet too.
+    result = _run(["--quick", "--models", "transformer", "--max-replicas", "1",
+                   "--max-workers", "1", "--compare", "none", "--out", str(out)],
+                  tf_log_level=None, python_args=("-c", BENCH_WITHOUT_MATPLOTLIB))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert not TF_LOG_LINE.search(result.stdout), result.stdout[-3000:]
+    assert "absl::InitializeLog" not in result.stdout
+    lines = result.stdout.splitlines()
+    warnings = [i for i, line in enumerate(lines) if 'pip install "tfdist[bench]"' in line
+                and "scaling.png" in line]
+    assert warnings, result.stdout[-3000:]
+    sweep_start = next(i for i, line in enumerate(lines) if line.startswith("Scaling sweep"))
+    assert warnings[0] < sweep_start, result.stdout[-3000:]  # said before the work starts
+    assert (out / "report.md").is_file() and (out / "results.json").is_file()
+    assert not (out / "scaling.png").exists()
+    data = json.loads((out / "results.json").read_text())
+    assert [(r["replicas"], r["workers"]) for r in data["scaling"]["transformer"]["rows"]] == [
+        (1, 1)]
+    assert f"Wrote {out / 'report.md'}, {out / 'results.json'}\n" in result.stdout
+    assert "Traceback" not in result.stdout

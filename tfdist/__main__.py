@@ -2,8 +2,13 @@
 
     tfdist transformer --strategy mirrored --devices 2
     tfdist launch --workers 2 -- tfdist transformer --strategy multi_worker_mirrored
+    tfdist doctor
+    tfdist --version
 
-Each sub-command is the module of the same name run with `python -m`.
+Each sub-command is the module of the same name run with `python -m`. This
+module imports no TensorFlow: `--help` and `--version` answer at once, and
+each command imports TensorFlow itself (through
+`tfdist.tf_logging.import_tensorflow`, quiet unless asked).
 """
 
 import importlib
@@ -14,15 +19,32 @@ COMMANDS = {
     "cnn": ("tfdist.recipes.cnn", "train the CNN (ResNet) recipe"),
     "launch": ("tfdist.launch", "run a command as N local workers"),
     "bench": ("tfdist.bench", "benchmark and scaling report"),
+    "doctor": ("tfdist.doctor", "versions, build, devices, auto choices; checks all-reduce"),
 }
 
 
 def usage():
     """The command list shown for `tfdist --help` or a bad sub-command."""
-    lines = ["usage: tfdist COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<12} {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", "Run `tfdist COMMAND --help` for a command's flags."]
+    lines = ["usage: tfdist COMMAND [ARGS...]", "       tfdist --version", "", "commands:"]
+    lines += [f"  {name:<14} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "options:", f"  {'-h, --help':<14} show this list",
+              f"  {'-V, --version':<14} show tfdist's version and the TensorFlow and Keras it finds",
+              "", "Run `tfdist COMMAND --help` for a command's flags."]
     return "\n".join(lines)
+
+
+def version_text():
+    """The text of `tfdist --version`, read from package metadata (no TensorFlow import).
+
+    Example:
+
+    >>> print(version_text())
+    tfdist 0.1.0
+    TensorFlow 2.21.0, Keras 3.15.1, Python 3.11.7
+    """
+    from tfdist.doctor import format_version
+
+    return format_version()
 
 
 def main(argv=None):
@@ -35,6 +57,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(version_text())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -3,6 +3,11 @@
     tfdist bench [report] [--quick] [--out DIR] [--models transformer,cnn] ...
     tfdist bench engine [--size small] [--batch 32] [--rounds 6] ...
     tfdist bench point ...        (one sweep point; run by `report`)
+
+TensorFlow is imported through `tfdist.tf_logging.import_tensorflow` once
+the flags are read, before any work: its C++ logging is quiet unless
+`--tf-log-level` (or `$TF_CPP_MIN_LOG_LEVEL`) asks for more; the sweep's
+point processes inherit the level.
 """
 
 import argparse
@@ -13,6 +18,7 @@ import sys
 
 from tfdist.argtypes import int_at_least
 from tfdist.bench.workloads import MODELS
+from tfdist.tf_logging import TF_LOG_LEVELS, import_tensorflow
 
 SUBCOMMANDS = ("report", "engine", "point")
 
@@ -32,6 +38,12 @@ def _csv(allowed, name):
 
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
+
+
+def _add_tf_log_level(parser):
+    parser.add_argument("--tf-log-level", type=int, choices=TF_LOG_LEVELS, default=None,
+                        help="TensorFlow's C++ log level: 0 everything, 1 warnings, 2 errors, "
+                             "3 nothing (default: $TF_CPP_MIN_LOG_LEVEL, else 3)")
 
 
 def report_parser():
@@ -100,6 +112,7 @@ def report_parser():
                              "point keeps its median (default 1)")
     parser.add_argument("--point-timeout", type=float, default=600.0,
                         help="seconds per sweep point before it is stopped (default 600)")
+    _add_tf_log_level(parser)
     return parser
 
 
@@ -145,6 +158,7 @@ def engine_parser():
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 1 round of 2 steps (for tests)")
+    _add_tf_log_level(parser)
     return parser
 
 
@@ -173,12 +187,16 @@ def run_report_command(argv):
     >>> run_report_command(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
     0
     """
+    from tfdist.bench.plot import MISSING_MATPLOTLIB, matplotlib_available
     from tfdist.bench.run import ReportOptions, command_line, run_report
     from tfdist.bench.sweep import default_max_replicas
 
     args = report_parser().parse_args(argv)
+    import_tensorflow(args.tf_log_level)
     if args.max_replicas is None:
         args.max_replicas = default_max_replicas()
+    if args.max_replicas > 0 and not matplotlib_available():
+        print(f"tfdist bench: {MISSING_MATPLOTLIB}", file=sys.stderr, flush=True)
     options = ReportOptions(
         models=args.models, out_dir=args.out, quick=args.quick, sizes=_sizes(args.sizes),
         batch=args.batch, scaling=args.scaling, max_replicas=args.max_replicas,
@@ -220,6 +238,7 @@ def run_engine_command(argv):
     from tfdist.bench.workloads import Workload
 
     args = engine_parser().parse_args(argv)
+    import_tensorflow(args.tf_log_level)
     if args.quick:
         workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
                                                             else "resnet_tiny"),
@@ -247,6 +266,10 @@ def run_engine_command(argv):
 def main(argv=None):
     """Dispatches `tfdist bench [report|engine|point] ARGS`; returns the exit code.
 
+    TensorFlow is imported quietly (`tfdist.tf_logging.import_tensorflow`)
+    as soon as the flags are read, before any work; `--tf-log-level N`
+    (report, engine) or `$TF_CPP_MIN_LOG_LEVEL` asks for its log lines.
+
     Args:
         argv: the arguments after `bench` (default `sys.argv[1:]`); a first
             argument `report`, `engine` or `point` picks the sub-command,
@@ -258,7 +281,6 @@ def main(argv=None):
     0
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.getLogger("tfdist").setLevel(logging.WARNING)
     # Contenders of one process each trace their own step: TensorFlow's
     # "excessive retracing" warning about that is noise here.
@@ -269,6 +291,9 @@ def main(argv=None):
     try:
         if command == "point":
             from tfdist.bench.point import main as point_main
+            # A point process takes its log level from the environment its
+            # parent (`report`, which set it) gives it.
+            import_tensorflow()
             return point_main(argv)
         if command == "engine":
             return run_engine_command(argv)

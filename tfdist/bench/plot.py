@@ -1,11 +1,35 @@
 """The scaling plot: throughput and efficiency vs replicas, with the ideal line.
 
-Needs matplotlib (the `bench` extra: `pip install -e ".[bench]"`); it draws
-off-screen (Agg), so it works without a display.
+Needs matplotlib (the `bench` extra: `pip install "tfdist[bench]"`); it draws
+off-screen (Agg), so it works without a display. Without matplotlib the
+benchmark still writes report.md and results.json and skips the plot
+(`matplotlib_available`, `MISSING_MATPLOTLIB`).
 """
+
+import importlib.util
+
+MISSING_MATPLOTLIB = ('the scaling plot (scaling.png) needs matplotlib, which is not installed: '
+                      'install the bench extra, pip install "tfdist[bench]". report.md and '
+                      'results.json are still written.')
+"""What `tfdist bench` says at start when it cannot draw the plot."""
 
 DEVICES_SERIES = "1 worker, N devices (mirrored)"
 WORKERS_SERIES = "N workers, 1 device each (multi-worker)"
+
+
+def matplotlib_available():
+    """Whether matplotlib can be imported (checked without importing it).
+
+    Example:
+
+    >>> matplotlib_available()  # with the bench extra installed
+    True
+    """
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        # A finder that refuses the name, or a half-imported module without a spec.
+        return False
 
 
 def series(rows):

@@ -3,7 +3,8 @@
 `scaling_rows` derives speedup, efficiency and MFU for every sweep point
 from the measured throughputs (pure arithmetic from `figures`);
 `write_report` writes `report.md`, `results.json` and `scaling.png` into the
-output folder.
+output folder (the plot only when matplotlib, the `bench` extra, is
+installed).
 
 Example:
 
@@ -231,20 +232,22 @@ def render_markdown(result):
     return "\n".join(lines) + "\n"
 
 
-def write_report(result, out_dir):
+def write_report(result, out_dir, log=None):
     """Writes `report.md`, `results.json` and `scaling.png` (when there is a
-    sweep) into `out_dir`; returns the paths written.
+    sweep and matplotlib is installed) into `out_dir`; returns the paths written.
 
     Args:
         result: the dict of `tfdist.bench.run.run_report`.
         out_dir: the output folder (created if needed).
+        log: called with a line when the plot is skipped for want of
+            matplotlib, or None.
 
     Example:
 
     >>> write_report(result, "bench-results")
     ['bench-results/report.md', 'bench-results/results.json', 'bench-results/scaling.png']
     """
-    from tfdist.bench.plot import plot_scaling
+    from tfdist.bench.plot import matplotlib_available
 
     os.makedirs(out_dir, exist_ok=True)
     paths = []
@@ -257,7 +260,13 @@ def write_report(result, out_dir):
         json.dump(result, stream, indent=1, sort_keys=True, default=str)
     paths.append(path)
     if result.get("scaling"):
-        path = os.path.join(out_dir, "scaling.png")
-        plot_scaling(result["scaling"], path, device_kind=result["meta"]["device_kind"])
-        paths.append(path)
+        if matplotlib_available():
+            from tfdist.bench.plot import plot_scaling
+
+            path = os.path.join(out_dir, "scaling.png")
+            plot_scaling(result["scaling"], path, device_kind=result["meta"]["device_kind"])
+            paths.append(path)
+        elif log:
+            log('scaling.png skipped: matplotlib is not installed (the bench extra: '
+                'pip install "tfdist[bench]").')
     return paths

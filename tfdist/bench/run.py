@@ -219,7 +219,7 @@ def run_report(options, log=print):
             result["settings"][model] = settings
             log(format_comparison(settings, TITLE))
     result["load"] = monitor.stop()
-    result["outputs"] = report_lib.write_report(result, options.out_dir)
+    result["outputs"] = report_lib.write_report(result, options.out_dir, log=log)
     return result
 
 
