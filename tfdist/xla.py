@@ -1,16 +1,17 @@
 """When tfdist XLA-compiles the replica step (`--xla auto|on|off`).
 
 `auto` compiles everywhere except bfloat16 on CPUs. Measured figures behind
-that choice (README, Performance; DESIGN.md):
+that choice (README, Performance):
 
 - GPUs: XLA fuses elementwise kernels into their matmuls; on by default.
 - float32 on CPUs: the gain grows with the model. On a 2-core AVX2 CPU the
   Transformer `base` (6 layers, d=512) trains 1.18x faster with XLA and
   reaches 75% of the float32 matmul FLOP/s; the tiny and small ones gain
-  between 0.9x and 1.2x, run to run. On an AMX CPU the small one gained 2.1x
-  (DESIGN.md).
-- bfloat16 on CPUs: TensorFlow's own bfloat16 kernels beat XLA's (DESIGN.md:
-  5,040 vs 4,500 tokens/s on the small Transformer).
+  between 0.9x and 1.2x, run to run. On an Intel Xeon with AMX the small one
+  gained 2.1x.
+- bfloat16 on CPUs: TensorFlow's own bfloat16 kernels beat XLA's (on an
+  Intel Xeon with AMX: 5,040 vs 4,500 tokens/s on the small Transformer;
+  XLA's CPU bfloat16 matmul does not use AMX).
 
 Example:
 

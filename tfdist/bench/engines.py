@@ -94,7 +94,7 @@ class Contender:
 
     Raises:
         ValueError: Keras `fit` under `MultiWorkerMirroredStrategy` (it fails
-            there; see DESIGN.md), or XLA forced on a model that cannot be
+            there: keras-team/keras#20585), or XLA forced on a model that cannot be
             compiled.
 
     Example:

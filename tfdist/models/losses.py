@@ -57,7 +57,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
     replicas, both that value and its gradient equal the single-device mean
     over the whole global batch, for any split of pad tokens:
     `sum_r loss_sum_r / sum_r count_r`. (Keras 3 optimizers sum gradients
-    across replicas in `apply`; see DESIGN.md.)
+    across replicas in `apply`: `keras/src/backend/tensorflow/optimizer.py`.)
 
     Args:
         pad_id: target id to ignore. Defaults to 0.

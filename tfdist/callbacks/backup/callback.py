@@ -82,7 +82,7 @@ class BackupAndResume(keras.callbacks.Callback):
     that epoch when it is still kept (so nothing is trained twice), else the
     newest one (the batches already done are trained again); either way it
     warns with a `ResumeWarning`. Under `MultiWorkerMirroredStrategy` Keras 3's
-    own `fit` does not work (see tfdist's DESIGN); use the `Trainer`.
+    own `fit` does not work (keras-team/keras#20585); use the `Trainer`.
 
     Not restored: the state of other callbacks (`EarlyStopping`'s patience,
     `ReduceLROnPlateau`'s counters), random generators outside the model,
