@@ -578,8 +578,9 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
     note = (f"{config.num_workers} workers x {per_worker} "
             f"{'GPU' if gpus else 'CPU'} device(s) from {cluster.source}")
     if not gpus and local is None:
-        note += (f"; pass devices=N (or {DEVICES_PER_WORKER_ENV}, tfdist.launch "
-                 "--devices-per-worker) for N logical CPUs per worker")
+        # Short: it is a line of the recipes' start block. devices=N is the
+        # recipes' --devices N and the launcher's --devices-per-worker N.
+        note += f"; devices=N or {DEVICES_PER_WORKER_ENV}=N for N logical CPUs each"
     return strategy, note
 
 

@@ -137,6 +137,8 @@ def _configure_logging(verbose):
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 3 else logging.WARNING)
+    # Said in the outputs block at the end instead of in the middle of the bar.
+    logging.getLogger("tfdist.callbacks.profiler").setLevel(logging.WARNING)
 
 
 def _respect_xla_blocker(mode, jit_compile, reason, blocker):
