@@ -31,7 +31,7 @@ import time
 
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, detect_precision
-from tfdist.tf_logging import TF_LOG_LEVELS, import_tensorflow
+from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 from tfdist.xla import resolve_xla
 
 # TensorFlow is imported in `main` through `import_tensorflow` (quiet), after
@@ -522,9 +522,7 @@ def build_parser():
                     "MirroredStrategy all-reduce works (exit 1 when it does not).",
         epilog=f"Set ${CPU_FLAGS_ENV} (e.g. \"avx2 fma\") to see what auto would pick on "
                "another CPU.")
-    parser.add_argument("--tf-log-level", type=int, choices=TF_LOG_LEVELS, default=None,
-                        help="TensorFlow's C++ log level: 0 everything, 1 warnings, 2 errors, "
-                             "3 nothing (default: $TF_CPP_MIN_LOG_LEVEL, else 3)")
+    add_tf_log_level_flag(parser)
     parser.add_argument("--skip-allreduce", action="store_true",
                         help="skip the all-reduce check (no strategy is built)")
     parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT,

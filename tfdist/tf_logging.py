@@ -77,6 +77,22 @@ def tf_log_level(requested=None, environ=None):
     return level
 
 
+def add_tf_log_level_flag(parser):
+    """Adds `--tf-log-level {0,1,2,3}` (default None: the environment's, else quiet) to an
+    `argparse` parser, for commands that import TensorFlow through `import_tensorflow`.
+
+    Example:
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_tf_log_level_flag(parser)
+    >>> parser.parse_args(["--tf-log-level", "0"]).tf_log_level
+    0
+    """
+    parser.add_argument("--tf-log-level", type=int, choices=TF_LOG_LEVELS, default=None,
+                        help="TensorFlow's C++ log level: 0 everything, 1 warnings, 2 errors, "
+                             f"3 nothing (default: ${LOG_LEVEL_ENV}, else {QUIET_LEVEL})")
+
+
 def keep_line(line, level):
     """Whether a line TensorFlow printed at import is shown at `level`.
 

@@ -18,7 +18,7 @@ import sys
 
 from tfdist.argtypes import int_at_least
 from tfdist.bench.workloads import MODELS
-from tfdist.tf_logging import TF_LOG_LEVELS, import_tensorflow
+from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 
 SUBCOMMANDS = ("report", "engine", "point")
 
@@ -38,12 +38,6 @@ def _csv(allowed, name):
 
 _positive = int_at_least(1)
 _non_negative = int_at_least(0)
-
-
-def _add_tf_log_level(parser):
-    parser.add_argument("--tf-log-level", type=int, choices=TF_LOG_LEVELS, default=None,
-                        help="TensorFlow's C++ log level: 0 everything, 1 warnings, 2 errors, "
-                             "3 nothing (default: $TF_CPP_MIN_LOG_LEVEL, else 3)")
 
 
 def report_parser():
@@ -112,7 +106,7 @@ def report_parser():
                              "point keeps its median (default 1)")
     parser.add_argument("--point-timeout", type=float, default=600.0,
                         help="seconds per sweep point before it is stopped (default 600)")
-    _add_tf_log_level(parser)
+    add_tf_log_level_flag(parser)
     return parser
 
 
@@ -158,7 +152,7 @@ def engine_parser():
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 1 round of 2 steps (for tests)")
-    _add_tf_log_level(parser)
+    add_tf_log_level_flag(parser)
     return parser
 
 
