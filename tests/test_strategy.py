@@ -59,6 +59,7 @@ def test_unsupported_names_say_so_by_name(name):
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"devices": 0}, "devices must be >= 1, got 0"),
+    ({"devices": 65}, "devices=65 is more than 64, the most devices per worker"),
     ({"devices": True}, "got True"),
     ({"devices": []}, "got []"),
     ({"devices": ["/cpu:0", 1]}, "got ['/cpu:0', 1]"),

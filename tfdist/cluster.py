@@ -185,6 +185,19 @@ def _check_address(kind, index, address):
     where = f"TF_CONFIG cluster[{kind!r}][{index}]"
     if not isinstance(address, str):
         raise TFConfigError(f"{where} must be a 'host:port' string, got {_short(address)}.")
+    scheme, has_scheme, rest = address.partition("://")
+    if has_scheme or "/" in address:
+        # grpc://host:port, http://..., host:port/path: TensorFlow would take the
+        # scheme for a host name or the path for part of the port, and then wait
+        # for a peer that cannot exist.
+        bare = (rest if has_scheme else address).split("/", 1)[0]
+        host, _, port = bare.rpartition(":")
+        if not (host and port.isdigit()):
+            bare = "10.0.0.1:2222"
+        what = f"a URL with scheme {scheme + '://'!r}" if has_scheme else "an address with a path"
+        raise TFConfigError(
+            f"{where} = {address!r} is {what}; TF_CONFIG addresses are plain 'host:port' with "
+            f"no scheme and no path, e.g. {bare!r}.")
     host, sep, port = address.rpartition(":")
     if not sep or not host:
         raise TFConfigError(f"{where} = {address!r} is not 'host:port' (e.g. '10.0.0.1:2222').")

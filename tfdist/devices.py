@@ -9,6 +9,8 @@ single device.
 
 import tensorflow as tf
 
+from tfdist.device_limits import check_device_count
+
 
 class DeviceConfigError(RuntimeError):
     """The requested device layout cannot be provided in this process."""
@@ -33,13 +35,15 @@ def split_cpu_into_logical_devices(count):
     (before the first op, strategy or variable).
 
     Args:
-        count: number of logical CPU devices wanted, >= 1.
+        count: number of logical CPU devices wanted, 1 to
+            `MAX_DEVICES_PER_WORKER` (64; see `tfdist.device_limits`).
 
     Returns:
         The list of logical CPU device names, e.g. `["/device:CPU:0", ...]`.
 
     Raises:
-        ValueError: `count` is not a positive integer.
+        ValueError: `count` is not a positive integer, or is above
+            `MAX_DEVICES_PER_WORKER` (the message names the limit).
         DeviceConfigError: TensorFlow is already initialised with a different
             number of logical CPUs.
 
@@ -53,6 +57,7 @@ def split_cpu_into_logical_devices(count):
         raise ValueError(
             f"The number of logical CPU devices must be an integer >= 1, got {count!r}."
         )
+    check_device_count(count)
     cpu = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(cpu)
     names = [f"/device:CPU:{index}" for index in range(count)]

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfdist.cluster import TRAINING_TASK_TYPES, ClusterConfig, parse_tf_config
 from tfdist.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
+from tfdist.ports import check_port_free
 from tfdist.strategy_names import (ALL_REDUCE_NAMES, STRATEGY_NAMES,  # noqa: F401 (re-exported)
                                   UNSUPPORTED_STRATEGIES, check_all_reduce_name,
                                   check_strategy_name)
@@ -132,6 +133,8 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
             (`tfdist.cluster.TFConfigError` for a bad TF_CONFIG).
         DeviceConfigError: the devices asked for cannot exist in this process.
         StrategyStartupError: multi-worker peers were not reachable in time.
+        tfdist.ports.PortInUseError: another process holds the port of this
+            task's own address (checked before waiting for peers; it is named).
 
     Example:
 
@@ -556,6 +559,11 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation, timeout_seconds=collective_timeout)
 
+    # A port another process holds would otherwise show only as peers that
+    # never arrive, at the end of the whole start-up deadline.
+    check_port_free(int(config.own_address.rpartition(":")[2]),
+                    who=f"{config.task_type} {config.task_index} at {config.own_address} "
+                        f"({cluster.source})")
     peers = ", ".join(f"{kind} {index} at {address}" for kind, index, address in config.peers())
     logger.info("%s %d at %s waiting up to %g s for its peers: %s", config.task_type,
                 config.task_index, config.own_address, startup_timeout, peers or "none")

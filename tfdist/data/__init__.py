@@ -18,9 +18,11 @@ see `tfdist.data.images`) yield `(image, label)`: `[H, W, C]` images in the
 Keras policy's compute dtype and int32 labels in `[0, source.num_classes)`.
 """
 
+from tfdist.data.corruption import (CorruptDataError, SkippedRecords, explain_data_loss,
+                                     find_corrupt_tfrecords, read_tfrecords)
 from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
-from tfdist.data.factory import (IMAGE_SCHEMES, SCHEMES, dataset_scheme, make_source,
-                                  make_validation_source)
+from tfdist.data.factory import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES, dataset_scheme,
+                                  make_source, make_validation_source, skip_corrupt_option)
 from tfdist.data.files import expand_files
 from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
                                 ShapesSource, TFDSImageSource, write_image_tfrecords)
@@ -36,7 +38,9 @@ from tfdist.data.tokens import (BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, SEP_ID, By
                                 language_model_pair, pack_windows, pad_or_truncate)
 
 __all__ = [
-    "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "DatasetFn", "DatasetNotPreparedError",
+    "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "CorruptDataError", "DatasetFn",
+    "DatasetNotPreparedError", "SkippedRecords", "TFRECORD_SCHEMES", "explain_data_loss",
+    "find_corrupt_tfrecords", "read_tfrecords", "skip_corrupt_option",
     "EOS_ID", "EmbeddedTaskSource", "FILE", "IMAGE_SCHEMES", "ImageFolderSource",
     "ImageNetTFRecordSource", "ImageSource", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
     "ShapesSource", "TFDSImageSource",

@@ -6,6 +6,8 @@ SCHEMES = ("embedded", "tfds", "tfrecord", "text", "shapes", "tfds_images", "ima
            "image_folder")
 IMAGE_SCHEMES = ("shapes", "tfds_images", "imagenet_tfrecord", "image_folder")
 """Schemes whose sources are `tfdist.data.images.ImageSource`s: `(image, label)` examples."""
+TFRECORD_SCHEMES = ("tfrecord", "imagenet_tfrecord")
+"""Schemes read from TFRecord files: they take `skip_corrupt_records`."""
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
             "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",
@@ -25,7 +27,7 @@ def make_source(spec="embedded", **options):
       `download` (default False), `pack`, `vocabulary`.
     * `"tfrecord:GLOB[,GLOB...]"`: TFRecord files. Options: `sequence_length`,
       `format` (`tokens`, `text`, `raw`), `feature`, `vocab_size`, `pack`,
-      `vocabulary`, `compression_type`.
+      `vocabulary`, `compression_type`, `skip_corrupt_records`.
     * `"text:GLOB[,GLOB...]"`: plain text files. Options: `sequence_length`,
       `vocabulary` (`bytes`, `build`), `pack`.
 
@@ -43,7 +45,7 @@ def make_source(spec="embedded", **options):
     * `"imagenet_tfrecord:GLOB[,GLOB...]"`: ImageNet-style TFRecords
       (`image/encoded`, `image/class/label`). Options: `num_classes`,
       `image_size`, `label_offset` (default 1), `class_names`,
-      `compression_type`.
+      `compression_type`, `skip_corrupt_records`.
     * `"image_folder:PATH"`: `PATH/CLASS_NAME/*.jpg|png`. Options:
       `image_size`, `extensions`.
 
@@ -111,6 +113,30 @@ def make_source(spec="embedded", **options):
         return _construct(TFRecordSource, spec, rest, options)
     from tfdist.data.text import TextSource
     return _construct(TextSource, spec, rest, options)
+
+
+def skip_corrupt_option(spec, skip):
+    """The `make_source` option that skips corrupt records, for the schemes that have it.
+
+    Args:
+        spec: a dataset string.
+        skip: whether corrupt records should be skipped (a recipe's
+            `--skip-corrupt-records`).
+
+    Returns:
+        `{"skip_corrupt_records": True}` for a TFRecord scheme
+        (`TFRECORD_SCHEMES`) when `skip`, else `{}`.
+
+    Example:
+
+    >>> skip_corrupt_option("tfrecord:/data/*.tfrecord", True)
+    {'skip_corrupt_records': True}
+    >>> skip_corrupt_option("embedded", True)
+    {}
+    """
+    if skip and isinstance(spec, str) and dataset_scheme(spec) in TFRECORD_SCHEMES:
+        return {"skip_corrupt_records": True}
+    return {}
 
 
 def dataset_scheme(spec):

@@ -33,6 +33,9 @@ class Source:
             text packed into windows): files of a shard are read one after
             the other and `decode` keeps the order, even when the pipeline
             is not deterministic. Default False (records are independent).
+        skipped: None, or a `tfdist.data.corruption.SkippedRecords` log of
+            the damaged data this source skipped (TFRecord sources built
+            with `skip_corrupt_records=True`).
 
     Example (an in-memory source of squares):
 
@@ -46,6 +49,7 @@ class Source:
     files = ()
     augment = None
     keep_record_order = False
+    skipped = None
 
     @property
     def num_files(self):

@@ -5,6 +5,7 @@ import posixpath
 
 import tensorflow as tf
 
+from tfdist.data.corruption import explain_data_loss, read_tfrecords, skipped_records_log
 from tfdist.data.files import expand_files
 from tfdist.data.source import SequenceSource
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED, ByteVocabulary
@@ -43,10 +44,18 @@ class TFRecordSource(SequenceSource):
         vocabulary: for text formats, a `ByteVocabulary` (default: all bytes).
         pack: see above; None picks the format's default.
         compression_type: `""`, `"GZIP"` or `"ZLIB"`.
+        skip_corrupt_records: False (default): reading a damaged file fails
+            with TensorFlow's `DataLossError`, which
+            `tfdist.data.explain_data_loss` (the recipes call it) turns into
+            an error naming the file and record. True (uncompressed files
+            only): a damaged file is read up to its last readable record,
+            the rest of it is skipped and noted in `self.skipped` (a
+            `tfdist.data.SkippedRecords` log; None when not skipping).
 
     Raises:
         FileNotFoundError: the pattern matches no file.
         ValueError: unknown format, or bad sizes.
+        CorruptDataError: the vocab_size scan met a damaged file.
 
     Example:
 
@@ -55,7 +64,8 @@ class TFRecordSource(SequenceSource):
     """
 
     def __init__(self, files, sequence_length=128, *, format="tokens", feature=None,
-                 vocab_size=None, vocabulary=None, pack=None, compression_type=""):
+                 vocab_size=None, vocabulary=None, pack=None, compression_type="",
+                 skip_corrupt_records=False):
         if format not in FORMATS:
             raise ValueError(f"Unknown TFRecord format {format!r}; valid formats: "
                              f"{', '.join(FORMATS)}.")
@@ -66,6 +76,7 @@ class TFRecordSource(SequenceSource):
         self.feature = feature if feature is not None else DEFAULT_FEATURES[format]
         self.sequence_length = sequence_length
         self.compression_type = compression_type or ""
+        self.skipped = skipped_records_log(skip_corrupt_records, self.compression_type)
         self.pack = (format != "tokens") if pack is None else bool(pack)
         if format == "tokens":
             if vocabulary is not None:
@@ -86,10 +97,12 @@ class TFRecordSource(SequenceSource):
             self.vocab_size = self.vocabulary.vocab_size
 
     def read_file(self, path):
-        return tf.data.TFRecordDataset(path, compression_type=self.compression_type)
+        return read_tfrecords(path, self.compression_type, self.skipped)
 
     def read_all(self):
         # Sequential, in file order: identical in every worker (record sharding).
+        if self.skipped is not None:
+            return super().read_all()  # file by file, each through read_file
         return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
 
     def _ids(self, record):
@@ -117,15 +130,19 @@ class TFRecordSource(SequenceSource):
     def _scan_vocab_size(self):
         logger.info("TFRecordSource: scanning %d file(s) for the largest token id "
                     "(pass vocab_size= to skip this pass).", len(self.files))
-        largest = self.read_all().map(
-            lambda r: tf.reduce_max(tf.concat([self._ids(r), [0]], 0)),
-            num_parallel_calls=tf.data.AUTOTUNE).reduce(tf.constant(0), tf.maximum)
+        try:
+            largest = self.read_all().map(
+                lambda r: tf.reduce_max(tf.concat([self._ids(r), [0]], 0)),
+                num_parallel_calls=tf.data.AUTOTUNE).reduce(tf.constant(0), tf.maximum)
+        except tf.errors.DataLossError as error:
+            raise explain_data_loss(error, [self]) from error
         return max(int(largest) + 1, NUM_RESERVED + 1)
 
     def describe(self):
         return (f"TFRecordSource({len(self.files)} file(s), format={self.format!r}, "
                 f"feature={self.feature!r}, vocab_size={self.vocab_size}, "
-                f"sequence_length={self.sequence_length}, pack={self.pack})")
+                f"sequence_length={self.sequence_length}, pack={self.pack}"
+                + (", skip_corrupt_records=True" if self.skipped is not None else "") + ")")
 
 
 def _shard_paths(output_prefix, num_files):

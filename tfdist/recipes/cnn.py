@@ -62,9 +62,10 @@ examples:
 
 def build_data(config):
     """Training and validation image sources from `--dataset` and `--validation-dataset`."""
-    from tfdist.data import dataset_scheme, make_source, make_validation_source
+    from tfdist.data import dataset_scheme, make_source, make_validation_source, skip_corrupt_option
 
     options = {"image_size": config.image_size}
+    skip = getattr(config, "skip_corrupt_records", False)
     if dataset_scheme(config.dataset) == "imagenet_tfrecord":
         options["num_classes"] = config.num_classes
     if config.dataset == "shapes":
@@ -74,11 +75,12 @@ def build_data(config):
                                             num_examples=max(config.global_batch_size * 4, 512),
                                             **options)
     else:
-        train = make_source(config.dataset, **options)
+        train = make_source(config.dataset, **options, **skip_corrupt_option(config.dataset, skip))
         validation = None
     if config.validation_dataset:
         # The held-out split: a TFDS dataset's validation (else test) split.
-        validation = make_validation_source(config.validation_dataset, **options)
+        validation = make_validation_source(config.validation_dataset, **options,
+                                            **skip_corrupt_option(config.validation_dataset, skip))
     chance = train.chance()
     return RecipeData(
         train=train, validation=validation, description=train.describe(),

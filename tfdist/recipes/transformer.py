@@ -56,7 +56,7 @@ examples:
 
 def build_data(config):
     """Training and validation sources from `--dataset` and `--validation-dataset`."""
-    from tfdist.data import dataset_scheme, make_source, make_validation_source
+    from tfdist.data import dataset_scheme, make_source, make_validation_source, skip_corrupt_option
 
     spec = config.dataset
     if dataset_scheme(spec) == "embedded":
@@ -64,7 +64,9 @@ def build_data(config):
         validation = make_validation_source(spec, num_examples=_embedded_validation_size(config),
                                             seed=config.seed)
     else:
-        train = make_source(spec, sequence_length=config.sequence_length)
+        skip = getattr(config, "skip_corrupt_records", False)
+        train = make_source(spec, sequence_length=config.sequence_length,
+                            **skip_corrupt_option(spec, skip))
         validation = None
     if config.validation_dataset:
         validation = validation_source(config.validation_dataset, train, config)
@@ -107,7 +109,7 @@ def validation_source(spec, train, config):
     >>> validation_source("text:valid/*.txt", train, config).vocab_size == train.vocab_size
     True
     """
-    from tfdist.data import dataset_scheme, make_validation_source
+    from tfdist.data import dataset_scheme, make_validation_source, skip_corrupt_option
 
     scheme = dataset_scheme(spec)
     if scheme == "embedded":
@@ -119,6 +121,8 @@ def validation_source(spec, train, config):
             options["vocabulary"] = vocabulary
         elif scheme == "tfrecord" and vocabulary is None:
             options["vocab_size"] = train.vocab_size
+    skip = getattr(config, "skip_corrupt_records", False)
+    options.update(skip_corrupt_option(spec, skip))
     validation = make_validation_source(spec, **options)
     if validation.vocab_size != train.vocab_size:
         raise ValueError(

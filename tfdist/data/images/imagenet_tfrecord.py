@@ -13,6 +13,7 @@ least as many files as pipelines (the reference has 1024 train shards).
 
 import tensorflow as tf
 
+from tfdist.data.corruption import read_tfrecords, skipped_records_log
 from tfdist.data.files import expand_files
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from tfdist.data.tfrecord import _write
@@ -36,6 +37,13 @@ class ImageNetTFRecordSource(ImageSource):
         class_names: optional names, one per class.
         mean, std: per-channel normalisation (default ImageNet's).
         compression_type: `""`, `"GZIP"` or `"ZLIB"`.
+        skip_corrupt_records: False (default): reading a damaged file fails
+            with TensorFlow's `DataLossError`, which
+            `tfdist.data.explain_data_loss` (the recipes call it) turns into
+            an error naming the file and record. True (uncompressed files
+            only): a damaged file is read up to its last readable record,
+            the rest of it is skipped and noted in `self.skipped` (a
+            `tfdist.data.SkippedRecords` log; None when not skipping).
         **image_options: other `ImageSource` options (`train_crop`,
             `crop_fraction`, `flip`, `cache_decoded` (default False),
             `augment_seed`).
@@ -53,7 +61,8 @@ class ImageNetTFRecordSource(ImageSource):
 
     def __init__(self, files, *, num_classes=1000, image_size=224, label_offset=1,
                  image_key=IMAGE_KEY, label_key=LABEL_KEY, class_names=None, mean=IMAGENET_MEAN,
-                 std=IMAGENET_STD, compression_type="", cache_decoded=False, **image_options):
+                 std=IMAGENET_STD, compression_type="", cache_decoded=False,
+                 skip_corrupt_records=False, **image_options):
         if not isinstance(label_offset, int) or isinstance(label_offset, bool):
             raise ValueError(f"label_offset must be an integer, got {label_offset!r}.")
         self.files = expand_files(files)
@@ -61,14 +70,17 @@ class ImageNetTFRecordSource(ImageSource):
         self.image_key = image_key
         self.label_key = label_key
         self.compression_type = compression_type or ""
+        self.skipped = skipped_records_log(skip_corrupt_records, self.compression_type)
         super().__init__(num_classes, image_size, class_names=class_names, mean=mean, std=std,
                          cache_decoded=cache_decoded, **image_options)
 
     def read_file(self, path):
-        return tf.data.TFRecordDataset(path, compression_type=self.compression_type)
+        return read_tfrecords(path, self.compression_type, self.skipped)
 
     def read_all(self):
         # Sequential, in file order: identical in every worker (record sharding).
+        if self.skipped is not None:
+            return super().read_all()  # file by file, each through read_file
         return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
 
     def decode_example(self, record):
@@ -86,7 +98,8 @@ class ImageNetTFRecordSource(ImageSource):
 
     def describe(self):
         return (f"{super().describe()[:-1]}, {len(self.files)} file(s), "
-                f"label_offset={self.label_offset})")
+                f"label_offset={self.label_offset}"
+                + (", skip_corrupt_records=True" if self.skipped is not None else "") + ")")
 
 
 def _encode(image, image_format, quality):
