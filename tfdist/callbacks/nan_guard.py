@@ -5,6 +5,8 @@ import warnings
 import keras
 import numpy as np
 
+from tfdist.callbacks.loss_health import notify_stop
+
 
 class NonFiniteLossError(RuntimeError):
     """Training hit a NaN or Inf loss (or monitored metric).
@@ -55,7 +57,10 @@ class NanGuard(keras.callbacks.Callback):
     it. Put `NanGuard` *before* `BackupAndRestore` and `ModelCheckpoint` in
     the callback list: callbacks run in order, so a backup or checkpoint
     scheduled on the failing batch or epoch is then never written with the
-    NaN weights. (Keras 3.15's `TerminateOnNaN(raise_error=True)` also
+    NaN weights. With a `DivergenceGuard` in the callbacks too, tfdist's
+    `BackupAndResume` also deletes the backups not yet confirmed healthy
+    when `NanGuard` fires (see `DivergenceGuard`), and the error says which
+    backup is left. (Keras 3.15's `TerminateOnNaN(raise_error=True)` also
     raises, with a plain `RuntimeError` that gives the batch only.)
 
     Reading a log value waits for the device to finish the step, so a
@@ -177,5 +182,8 @@ class NanGuard(keras.callbacks.Callback):
             "of earlier steps are kept (e.g. BackupAndRestore resumes from its last backup). "
             "Common causes: a learning rate too high, float16 overflow without loss scaling, "
             "bad input values (check the data), a log/divide of 0 in the loss.")
+        notes = notify_stop(self.model)  # with a DivergenceGuard: BackupAndResume drops suspects
+        if notes:
+            message += " " + notes
         raise NonFiniteLossError(message, name=name, value=value, epoch=self._epoch,
                                  batch=batch, step=step, iterations=iterations)

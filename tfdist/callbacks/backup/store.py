@@ -7,14 +7,17 @@ Layout of a backup folder (written by the chief only)::
         ckpt-7.index, ckpt-7.data-00000-of-00001
         ckpt-8.index, ckpt-8.data-00000-of-00001
 
-Each backup is one `tf.train.Checkpoint` written by a
-`tf.train.CheckpointManager`, which makes the write atomic: TensorFlow's saver
-writes the data into `ckpt-N_temp/` and merges it into `ckpt-N.*`; only then
-does the manager rewrite the `checkpoint` index (a temporary file renamed over
-the old one), and only after that does it delete the backups beyond the last
-K. A crash at any point therefore leaves the index naming complete backups;
-the debris of an interrupted write (files of a backup the index does not
-name) is removed by `clean_uncommitted` before the next write.
+Each backup is one `tf.train.Checkpoint` written atomically, the way
+`tf.train.CheckpointManager` does it: TensorFlow's saver writes the data into
+`ckpt-N_temp/` and merges it into `ckpt-N.*`; only then is the `checkpoint`
+index rewritten (a temporary file renamed over the old one), and only after
+that are the backups beyond the last K deleted (except those the caller asks
+to keep, e.g. the last backup a `DivergenceGuard` confirmed healthy). A crash
+at any point therefore leaves the index naming complete backups; the debris of
+an interrupted write (files of a backup the index does not name) is removed by
+`clean_uncommitted` before the next write. The index is the one
+`tf.train.CheckpointManager` writes (relative paths, with timestamps), so
+`tf.train.latest_checkpoint` and a manager opened on the folder read it.
 
 Under `MultiWorkerMirroredStrategy` every worker must take part in each save
 (reading the `ON_READ` variables a checkpoint holds, such as metric totals,
@@ -29,6 +32,8 @@ import os
 import re
 import shutil
 import tempfile
+import time
+import uuid
 
 import tensorflow as tf
 
@@ -193,8 +198,8 @@ def checkpoint_number(path):
 
 class BackupWriter:
     """Writes backups of one `tf.train.Checkpoint`: the chief into the backup
-    folder (atomically, keeping the last `max_to_keep`), every other worker
-    into a temporary folder deleted right after.
+    folder (atomically, keeping the last `max_to_keep` and any it is asked to
+    keep), every other worker into a temporary folder deleted right after.
 
     `write` must be called on every worker of a multi-worker job at the same
     point (see the module docstring).
@@ -219,10 +224,14 @@ class BackupWriter:
         self.max_to_keep = max_to_keep
         self.is_chief = is_chief
         self.worker_name = worker_name
-        self._manager = None
 
-    def write(self, number):
+    def write(self, number, keep=()):
         """Writes backup `number` (must be greater than every committed one).
+
+        Args:
+            number: the new backup's number.
+            keep: numbers of committed backups never deleted by the rotation
+                (e.g. the last good one), besides the last `max_to_keep`.
 
         Returns:
             The committed prefix on the chief; None on other workers (whose
@@ -230,7 +239,8 @@ class BackupWriter:
 
         Example:
 
-        >>> writer.write(number=8)
+        >>> writer.write(number=8, keep=[5])
+        'backup/ckpt-8'
         """
         if not self.is_chief:
             folder = tempfile.mkdtemp(prefix=f"tfdist-backup-{self.worker_name}-")
@@ -240,13 +250,50 @@ class BackupWriter:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             return None
-        if self._manager is None:
-            tf.io.gfile.makedirs(self.backup_dir)
-            # Reads the existing index: the last K survive restarts.
-            self._manager = tf.train.CheckpointManager(
-                self.checkpoint, self.backup_dir, max_to_keep=self.max_to_keep,
-                checkpoint_name=CHECKPOINT_NAME)
-        return self._manager.save(checkpoint_number=number)
+        tf.io.gfile.makedirs(self.backup_dir)
+        # The existing index is read at every write: the last K survive restarts.
+        committed = _read_index(self.backup_dir)
+        path = self.checkpoint.write(
+            os.path.join(self.backup_dir, f"{CHECKPOINT_NAME}-{number}"))  # the data first
+        name = os.path.basename(path)
+        committed = [(n, t) for n, t in committed if n != name] + [(name, time.time())]
+        protected = {f"{CHECKPOINT_NAME}-{k}" for k in keep}
+        last = {n for n, _ in committed[-self.max_to_keep:]}
+        kept = [(n, t) for n, t in committed if n in last or n in protected]
+        kept_names = {n for n, _ in kept}
+        self._commit(kept, [n for n, _ in committed if n not in kept_names])
+        return path
+
+    def discard(self, numbers):
+        """Chief only: removes the committed backups `numbers` (the index
+        first, then their files). Returns the prefixes removed.
+
+        Example:
+
+        >>> writer.discard([13, 14])
+        ['backup/ckpt-13', 'backup/ckpt-14']
+        """
+        if not self.is_chief or not numbers:
+            return []
+        gone = {f"{CHECKPOINT_NAME}-{k}" for k in numbers}
+        committed = _read_index(self.backup_dir)
+        removed = [n for n, _ in committed if n in gone]
+        if removed:
+            self._commit([(n, t) for n, t in committed if n not in gone], removed)
+        return [os.path.join(self.backup_dir, n) for n in removed]
+
+    def _commit(self, kept, deleted):
+        """Rewrites the index to name `kept` ((name, timestamp) pairs, oldest
+        first), then deletes the files of the backups named in `deleted`."""
+        _write_index(self.backup_dir, kept)
+        for name in deleted:
+            prefix = os.path.join(self.backup_dir, name)
+            for path in tf.io.gfile.glob(prefix + ".index") + tf.io.gfile.glob(
+                    prefix + ".data-?????-of-?????"):
+                try:
+                    tf.io.gfile.remove(path)
+                except tf.errors.NotFoundError:
+                    pass
 
     def clean_uncommitted(self):
         """Chief only: deletes files of backups the index does not name (left
@@ -278,6 +325,41 @@ class BackupWriter:
             logger.warning("BackupAndResume: removed the files of an interrupted backup write "
                            "in %s: %s", self.backup_dir, removed)
         return removed
+
+
+def _read_index(backup_dir):
+    """The committed backups as (name, timestamp) pairs, oldest first."""
+    if not tf.io.gfile.isdir(backup_dir):
+        return []
+    state = tf.train.get_checkpoint_state(backup_dir)
+    if state is None:
+        return []
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    stamps = list(state.all_model_checkpoint_timestamps)
+    if len(stamps) != len(paths):
+        stamps = [state.last_preserved_timestamp or time.time()] * len(paths)
+    return [(os.path.basename(p), t) for p, t in zip(paths, stamps)]
+
+
+def _write_index(backup_dir, entries):
+    """Atomically replaces the `checkpoint` index (write a temporary file,
+    rename it over the old one, as TensorFlow does); removes it when
+    `entries` is empty."""
+    index = os.path.join(backup_dir, "checkpoint")
+    if not entries:
+        if tf.io.gfile.exists(index):
+            tf.io.gfile.remove(index)
+        return
+    stamps = [t for _, t in entries]
+    lines = [f'model_checkpoint_path: "{entries[-1][0]}"']
+    lines += [f'all_model_checkpoint_paths: "{name}"' for name, _ in entries]
+    lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in stamps]
+    # Older than every backup, so that a CheckpointManager opened on the folder manages them all.
+    lines.append(f"last_preserved_timestamp: {min(stamps) - 1.0!r}")
+    temporary = f"{index}.tmp{uuid.uuid4().hex}"
+    with tf.io.gfile.GFile(temporary, "w") as stream:
+        stream.write("\n".join(lines) + "\n")
+    tf.io.gfile.rename(temporary, index, overwrite=True)
 
 
 def _first_line(error):
