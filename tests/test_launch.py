@@ -204,6 +204,38 @@ def test_one_failure_stops_the_others_and_returns_its_code(tmp_path):
         assert not (tmp_path / f"done-{rank}").exists()
 
 
+def test_max_restarts_starts_a_failed_job_again_and_says_why(tmp_path):
+    marker = str(tmp_path / "failed-once-{rank}")
+    code, out, err, _ = run(["--workers", "2", "--max-restarts", "2"],
+                            actions(f"ready,print=run,once={marker}:3", "ready,sleep=0.5,print=run"),
+                            deadline=60)
+    assert code == 0, err
+    assert re.search(r"restart 1 of 2: the job ended with worker 0 failed \(exit code 3\); "
+                     r"starting it again", err), err
+    assert err.count("starting 2 worker(s)") == 2
+    assert lines_of(out, 0).count("run") == 2  # the whole job ran again
+
+
+def test_max_restarts_gives_up_with_the_last_failure(tmp_path):
+    code, _, err, _ = run(["--workers", "1", "--max-restarts", "1"], actions("ready,exit=4"),
+                          deadline=60)
+    assert code == 4, err
+    assert "restart 1 of 1" in err and "no restart left (--max-restarts 1 used); exit status 4" in err
+
+
+def test_a_preempted_worker_lets_the_others_finish_their_stop(tmp_path):
+    # Exit 143: the worker saved its backup; the others stop at the same step
+    # by themselves, so they get no SIGTERM and are waited for.
+    trapped = str(tmp_path / "trapped-{rank}")
+    done = str(tmp_path / "done-{rank}")
+    code, _, err, _ = run(["--workers", "2"],
+                          actions("ready,sleep=0.3,exit=143", f"ready,trap={trapped},sleep=2,write={done}"),
+                          deadline=60)
+    assert code == 143, err
+    assert "worker 0 stopped after SIGTERM/SIGINT with its backup written" in err
+    assert (tmp_path / "done-1").exists() and not (tmp_path / "trapped-1").exists()
+
+
 def test_worker_killed_by_signal_gives_128_plus_signal():
     code, _, err, took = run(["--workers", "2"],
                              actions("ready,sleep=20", "ready,sleep=0.3,kill=9"))

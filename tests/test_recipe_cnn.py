@@ -2,6 +2,7 @@
 
 import pytest
 
+from damage_util import damage_payload
 from mw import launch
 from recipe_util import final_metric, run_recipe
 
@@ -71,3 +72,22 @@ def test_shipped_yaml_recipes_parse(name):
     if name == "imagenet_resnet50":
         assert config.learning_rate == pytest.approx(0.1 * config.global_batch_size / 256)
         assert config.warmup_steps == 5 * config.steps_per_epoch and config.epochs == 90
+
+
+def test_a_corrupt_imagenet_tfrecord_met_in_training_exits_2_naming_the_file(tmp_path):
+    from tfdist.data import write_image_tfrecords
+    from tfdist.data.images import generate_shapes
+
+    images, labels = generate_shapes(128, 32)
+    paths = write_image_tfrecords(images, labels, str(tmp_path / "train"), num_files=4)
+    offset = damage_payload(paths[1], 20)
+    result = run_recipe("cnn", ["--dataset", f"imagenet_tfrecord:{tmp_path}/train-*",
+                                "--num-classes", "8", "--image-size", "32", "--epochs", "1",
+                                "--steps-per-epoch", "3", "--global-batch-size", "16",
+                                "--warmup-steps", "0", "--verbose", "2"], timeout=180)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "tfdist run" in result.stdout  # it failed in training, not before
+    assert (f"error: CorruptDataError: Corrupt TFRecord data: {paths[1]}: record 20 (starts at "
+            f"byte {offset} of ") in result.stdout
+    assert f"TensorFlow said 'corrupted record at {offset + 12}'" in result.stdout
+    assert "Traceback" not in result.stdout

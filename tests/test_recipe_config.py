@@ -52,6 +52,9 @@ def test_unknown_yaml_key_lists_the_valid_ones(tmp_path):
     (["--tf-log-level", "5"], "tf_log_level=5 is not allowed"),
     (["--xla", "maybe"], "xla='maybe' is not allowed"),
     (["--deterministic", "perhaps"], "deterministic must be bool"),
+    (["--devices", "65"], "flag --devices: devices=65 is more than 64, the most devices per worker"),
+    (["--devices", "0"], "devices must be >= 1, got 0"),
+    (["--skip-corrupt-records", "sometimes"], "skip_corrupt_records must be bool"),
 ])
 def test_bad_flag_values_name_the_value(argv, fragment):
     with pytest.raises(ConfigError) as error:
@@ -104,3 +107,36 @@ def test_recipes_dir_env_is_searched_before_the_shipped_recipes(tmp_path, monkey
     monkeypatch.setenv("TFDIST_RECIPES_DIR", str(tmp_path))
     assert find_config_file("transformer_tiny") == str(tmp_path / "transformer_tiny.yaml")
     assert parse(["--config", "transformer_tiny"]).epochs == 7
+
+
+def test_the_device_limit_is_named_with_a_count_that_works(tmp_path):
+    from tfdist.device_limits import MAX_DEVICES_PER_WORKER
+
+    assert MAX_DEVICES_PER_WORKER == 64
+    assert parse(["--devices", "64"]).devices == 64
+    path = tmp_path / "recipe.yaml"
+    path.write_text("devices: 1000\n")
+    with pytest.raises(ConfigError) as error:
+        parse(["--config", str(path)])
+    message = str(error.value)
+    assert str(path) in message and "devices=1000 is more than 64" in message
+    assert f"{os.cpu_count()} core(s)" in message
+    assert f"devices={min(os.cpu_count(), 64)} (one per core)" in message
+
+
+def test_skip_corrupt_records_is_refused_without_tfrecord_data():
+    import argparse
+
+    from tfdist.recipes.runner import check_skip_corrupt_records
+
+    def config(dataset, validation=None):
+        return argparse.Namespace(skip_corrupt_records=True, dataset=dataset,
+                                  validation_dataset=validation)
+
+    with pytest.raises(ConfigError) as error:
+        check_skip_corrupt_records(config("embedded:reverse", "text:/v/*.txt"))
+    assert "tfrecord:GLOB, imagenet_tfrecord:GLOB" in str(error.value)
+    assert "'embedded:reverse' and 'text:/v/*.txt'" in str(error.value)
+    check_skip_corrupt_records(config("tfrecord:/d/*"))
+    check_skip_corrupt_records(config("shapes", " ImageNet_TFRecord:/v/*"))
+    check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=False, dataset="shapes"))

@@ -189,10 +189,10 @@ def test_ctrl_c_prints_one_line_with_where_it_stopped_and_how_to_resume(tmp_path
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, out[-3000:]
+    # Ctrl-C is a stop like SIGTERM: a backup at the next step, exit 143 (restartable).
+    assert process.returncode == 143, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out
-    line = [text for text in out.splitlines() if text.startswith("Interrupted")]
+    line = [text for text in out.splitlines() if text.startswith("Stopped by")]
     assert len(line) == 1, out[-3000:]
-    assert re.match(r"Interrupted in epoch 1 after step \d+ of it \(\d+ step\(s\) run\)\. Rerun the same "
-                    r"command to resume from the last backup \(epoch 1, step \d+, global step \d+\) in ",
-                    line[0]), line[0]
+    assert re.match(r"Stopped by SIGINT in epoch 1 after step \d+: backup written at global step "
+                    r"\d+ in .*backup\. Rerun the same command to resume from it\.$", line[0]), line[0]

@@ -1,12 +1,17 @@
 """The Transformer recipe end to end, in fresh processes, as a user runs it."""
 
 import json
+import os
 import re
+import socket
+import time
 
 import pytest
 
+from damage_util import damage_payload
 from mw import launch
 from recipe_util import final_metric, run_recipe
+from tfdist.data.tfrecord import write_token_tfrecords
 
 SHORT = ["--epochs", "2", "--steps-per-epoch", "40", "--validation-steps", "4", "--verbose", "2"]
 
@@ -56,6 +61,8 @@ def test_unknown_strategy_exits_2_naming_it_and_the_valid_ones():
     (json.dumps({"task": {"type": "worker", "index": 0}}), "cluster"),
     (json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
                  "task": {"type": "worker", "index": 5}}), "index"),
+    (json.dumps({"cluster": {"worker": ["grpc://localhost:1", "localhost:2"]},
+                 "task": {"type": "worker", "index": 0}}), "'grpc://localhost:1' is a URL"),
 ])
 def test_malformed_tf_config_exits_2_naming_the_problem(tf_config, fragment):
     result = run_recipe("transformer", ["--strategy", "multi_worker_mirrored"], timeout=120,
@@ -110,7 +117,8 @@ def test_help_documents_every_flag():
     assert result.returncode == 0
     for flag in ("--strategy", "--devices", "--global-batch-size", "--epochs", "--steps-per-epoch",
                  "--precision", "--xla", "--optimizer", "--learning-rate", "--warmup-steps",
-                 "--dataset", "--model-dir", "--config", "--grad-accum-steps", "--clip-norm"):
+                 "--dataset", "--model-dir", "--config", "--grad-accum-steps", "--clip-norm",
+                 "--skip-corrupt-records"):
         assert flag in result.stdout
 
 
@@ -234,3 +242,71 @@ def test_validation_text_reuses_a_built_training_vocabulary(tmp_path):
     assert validation.vocabulary is train.vocabulary
     assert (validation.vocab_size, validation.sequence_length) == (train.vocab_size, 16)
     assert train.vocab_size < 260  # a built vocabulary: only the bytes of the corpus
+
+
+def test_a_port_in_use_fails_at_once_naming_it_and_the_process_holding_it():
+    with socket.socket() as held, socket.socket() as other:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        other.bind(("127.0.0.1", 0))
+        port, peer = held.getsockname()[1], other.getsockname()[1]
+        other.close()
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{peer}"]},
+                     "task": {"type": "worker", "index": 0}}
+        started = time.monotonic()
+        result = run_recipe("transformer", ["--strategy", "multi_worker_mirrored"], timeout=120,
+                            env={"TF_CONFIG": json.dumps(tf_config),
+                                 "TFDIST_STARTUP_TIMEOUT": "300"})
+        elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stdout[-3000:]
+    # Not the 300 s start-up deadline: TensorFlow's import is most of it.
+    assert elapsed < 60, elapsed
+    assert (f"error: PortInUseError: worker 0 at 127.0.0.1:{port} (TF_CONFIG) cannot start its "
+            f"server: port {port} is already in use by pid {os.getpid()} (") in result.stdout
+    assert "Stop that process, or give this task a free port" in result.stdout
+    assert "Traceback" not in result.stdout and "waiting" not in result.stdout
+
+
+def token_tfrecords(tmp_path):
+    """4 files of 100 token records (33 tokens each); record 30 of the third file damaged."""
+    sequences = [[1] + [4 + (i * 7 + j) % 16 for j in range(31)] + [3] for i in range(400)]
+    paths = write_token_tfrecords(sequences, str(tmp_path / "tok"), num_files=4)
+    return paths, damage_payload(paths[2], 30)
+
+
+TFRECORD_RUN = ["--sequence-length", "32", "--steps-per-epoch", "4", "--epochs", "1",
+                "--warmup-steps", "0", "--global-batch-size", "16", "--verbose", "2"]
+
+
+def test_a_corrupt_tfrecord_exits_2_naming_the_file_and_the_record(tmp_path):
+    paths, offset = token_tfrecords(tmp_path)
+    result = run_recipe("transformer", ["--dataset", f"tfrecord:{tmp_path}/tok-*", *TFRECORD_RUN],
+                        timeout=180)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert (f"error: CorruptDataError: Corrupt TFRecord data: {paths[2]}: record 30 (starts at "
+            f"byte {offset} of ") in result.stdout
+    assert f"'corrupted record at {offset + 12}'" in result.stdout
+    assert "--skip-corrupt-records" in result.stdout
+    assert "Traceback" not in result.stdout and "DataLossError" not in result.stdout
+
+
+def test_skip_corrupt_records_trains_and_counts_what_it_skipped(tmp_path):
+    paths, offset = token_tfrecords(tmp_path)
+    size = os.path.getsize(paths[2])
+    result = run_recipe("transformer", ["--dataset", f"tfrecord:{tmp_path}/tok-*", *TFRECORD_RUN,
+                                        "--skip-corrupt-records"], timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    assert f"Skipping the rest of {paths[2]} from record 30 (starts at byte {offset} of {size})" \
+        in result.stdout
+    assert lines[-1].startswith(
+        f"Corrupt TFRecord data skipped (--skip-corrupt-records): 1 damaged file, "
+        f"{size - offset} bytes not read: {paths[2]}: record 30 (starts at byte {offset} of "
+        f"{size}) and the rest of the file"), lines[-1]
+
+
+def test_skip_corrupt_records_without_tfrecord_data_exits_2_before_tensorflow():
+    result = run_recipe("transformer", ["--skip-corrupt-records"], timeout=60)
+    assert result.returncode == 2
+    assert "--skip-corrupt-records applies to TFRecord data" in result.stdout
+    assert "'embedded:reverse'" in result.stdout

@@ -12,6 +12,7 @@ comma-separated list of:
   print=TEXT     print TEXT to stdout
   kill=N         send signal N to itself
   exit=N         exit with code N
+  once=PATH:N    exit with code N if PATH does not exist (creating it), else go on
 "{rank}" in any PATH/TEXT is replaced by the rank. Exits 0 after the last step.
 A watchdog ends the process after 60 s so that no test leaves it behind.
 """
@@ -63,6 +64,11 @@ for step in steps.split(","):
         time.sleep(10)
     elif name == "exit":
         os._exit(int(value))
+    elif name == "once":
+        path, _, code = value.rpartition(":")
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os._exit(int(code))
     else:
         sys.exit(f"launch_actions.py: unknown step {step!r}")
 os._exit(0)

@@ -4,16 +4,19 @@ Each is a plain `keras.callbacks.Callback`, so it works in tfdist's `Trainer`
 and in any app's own `model.fit`; each is multi-worker safe (only the chief
 writes, every worker computes the same values).
 
-    from tfdist.callbacks import ThroughputMeter, NanGuard, BackupAndResume
+    from tfdist.callbacks import ThroughputMeter, NanGuard, DivergenceGuard, BackupAndResume
 """
 
 from tfdist.callbacks.backup import (BackupAndResume, BackupInfo, ResumeWarning, latest_backup,
                                      list_backups, read_backup)
 from tfdist.callbacks.chief import is_chief, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
+from tfdist.callbacks.divergence import DivergenceError, DivergenceGuard
 from tfdist.callbacks.learning_rate import LearningRateLogger, LearningRateScheduleCallback
+from tfdist.callbacks.loss_health import LossHealth
 from tfdist.callbacks.memory import DeviceMemoryMonitor, MemoryUsageWarning
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
+from tfdist.callbacks.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionGuard
 from tfdist.callbacks.profiler import ProfilerWindow
 from tfdist.callbacks.progress import ProgressLogger, RunPosition
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
@@ -21,7 +24,7 @@ from tfdist.callbacks.throughput import ThroughputMeter, format_summary
 __all__ = [
     "BackupAndResume", "BackupInfo", "ResumeWarning", "latest_backup", "list_backups",
     "read_backup", "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
-    "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "ProfilerWindow", "ProgressLogger", "RunPosition",
+    "MemoryUsageWarning", "NanGuard", "DivergenceError", "DivergenceGuard", "LossHealth", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted", "PreemptionGuard", "ProfilerWindow", "ProgressLogger", "RunPosition",
     "ThroughputMeter",
     "format_summary", "is_chief", "make_logging_callbacks", "task_info",
 ]

@@ -149,9 +149,12 @@ class DatasetFn:
     def _options(self):
         options = tf.data.Options()
         # Evaluation and prediction data keep their order (predictions line
-        # up with the inputs, and a run is comparable with the next);
-        # training order is reproducible only when asked (it costs speed).
-        options.deterministic = self.deterministic or not self.training
+        # up with the inputs, and a run is comparable with the next). A
+        # seeded training pipeline keeps its order too: the same seed gives
+        # the same batches, so a run resumed from a backup replays exactly the
+        # data of an uninterrupted one (parallel steps that may reorder
+        # elements made resumed runs differ, depending on thread timing).
+        options.deterministic = self.deterministic or not self.training or self.seed is not None
         # Already sharded here; keep tf.distribute from sharding again.
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.OFF)
@@ -169,12 +172,14 @@ def make_dataset_fn(source, global_batch_size, *, training=True,
             divisible by the number of replicas.
         training: shuffle files and examples and apply `source.augment`.
         shuffle_buffer: examples in the shuffle buffer.
-        seed: shuffle seed (files and examples); None for a random order.
+        seed: shuffle seed (files and examples); the same seed gives the
+            same order (a resumed run replays the same batches). None for a
+            random order, where parallel steps may also reorder elements.
         deterministic: reproducible order: `tf.data.Options.deterministic`
             and a seeded shuffle (seed 0 when `seed` is None). Same seed,
-            same order. When False, parallel steps may reorder training
-            elements (faster); evaluation data (`training=False`) always
-            keeps its order.
+            same order. Without it and without a seed, parallel steps may
+            reorder training elements (faster); evaluation data
+            (`training=False`) always keeps its order.
         cache: cache decoded examples before shuffling: True (memory) or a
             file path prefix (one cache file per input pipeline).
         repeat: repeat forever (None: repeat when training). With repeat,

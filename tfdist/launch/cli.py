@@ -5,7 +5,7 @@ import math
 import sys
 
 from tfdist.argtypes import int_at_least
-from tfdist.launch.runner import launch
+from tfdist.launch.runner import DEFAULT_GRACE_PERIOD, launch
 
 USAGE_EXAMPLE = "python -m tfdist.launch --workers 2 -- python train.py"
 
@@ -50,9 +50,14 @@ def build_parser():
                              "or exit 0 (default 300; 0 disables); exit 125 otherwise")
     parser.add_argument("--timeout", type=_seconds, default=None,
                         help="job deadline in seconds (default none); exit 124 when passed")
-    parser.add_argument("--grace-period", type=_seconds, default=5.0,
-                        help="seconds between SIGTERM and SIGKILL when stopping workers "
-                             "(default 5)")
+    parser.add_argument("--grace-period", type=_seconds, default=DEFAULT_GRACE_PERIOD,
+                        help="seconds between SIGTERM and SIGKILL when stopping workers: the "
+                             "time they have to save a backup at the same step and exit "
+                             f"(default {DEFAULT_GRACE_PERIOD:g})")
+    parser.add_argument("--max-restarts", type=int_at_least(0), default=0,
+                        help="start the whole job again, up to N times, after a worker fails "
+                             "or is preempted (exit 143) or misses the start-up deadline; it "
+                             "resumes from its backups (default 0: no restart)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="loopback address the workers listen on (default 127.0.0.1)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -102,6 +107,7 @@ def main(argv=None):
                       devices_per_worker=args.devices_per_worker,
                       gpus_per_worker=args.gpus_per_worker,
                       startup_timeout=args.startup_timeout, timeout=args.timeout,
-                      host=args.host, grace_period=args.grace_period)
+                      host=args.host, grace_period=args.grace_period,
+                      max_restarts=args.max_restarts)
     except ValueError as error:
         build_parser().error(str(error))

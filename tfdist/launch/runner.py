@@ -16,6 +16,7 @@ from tfdist.launch import cluster as cluster_lib
 from tfdist.launch import gpus as gpus_lib
 from tfdist.launch import processes
 from tfdist.launch.output import OutputPump, Sink
+from tfdist.stop_signals import PREEMPTED_EXIT_CODE
 
 EXIT_TIMEOUT = 124
 """Exit status when the job deadline (`timeout`) passes."""
@@ -30,11 +31,15 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 TICK = 0.05
 DRAIN_SECONDS = 2.0
 MESSAGE_PREFIX = "tfdist.launch: "
+DEFAULT_GRACE_PERIOD = 30.0
+"""Seconds workers get to save a backup and exit after SIGTERM (Kubernetes' default)."""
+NOT_RESTARTED = (EXIT_TIMEOUT, EXIT_CANNOT_START, 126)
+"""Job outcomes a restart cannot mend: the job deadline, a command that cannot start."""
 
 
 def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
            startup_timeout=300.0, timeout=None, host="127.0.0.1", output=None, errors=None,
-           env=None, grace_period=5.0):
+           env=None, grace_period=DEFAULT_GRACE_PERIOD, max_restarts=0):
     """Runs `command` as `workers` localhost workers and returns the exit status.
 
     Each worker gets TF_CONFIG for a cluster of `workers` workers on `host`
@@ -46,10 +51,19 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
 
     When a worker exits non-zero or is killed by a signal, the others get
     SIGTERM, then SIGKILL after `grace_period` seconds, and the failed worker's
-    status is returned (128 + N for signal N). SIGINT and SIGTERM sent to the
+    status is returned (128 + N for signal N). A worker that exits with
+    `PREEMPTED_EXIT_CODE` (143: it saved its backup after SIGTERM/SIGINT) is
+    not a failure of the others: they stop at the same step, so the launcher
+    waits up to `grace_period` for them. SIGINT and SIGTERM sent to the
     launcher (when called from the main thread) are forwarded to the workers,
     followed by the same shutdown, and 128 + N is returned (SIGHUP too, so
     closing the terminal stops the job).
+
+    With `max_restarts=N`, a job that ended with a failed or preempted worker
+    or a missed start-up deadline is started again (new ports, the same
+    command, which resumes from its backups), up to N times, each restart
+    announced with its reason. A signal to the launcher, the job deadline and
+    a command that cannot start are not restarted.
 
     Args:
         command: the worker command as a non-empty list of strings.
@@ -71,7 +85,10 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
             messages (default `sys.stderr`).
         env: the base environment of the workers (default `os.environ`). A
             TF_CONFIG in it is replaced, with a note on `errors`.
-        grace_period: seconds between SIGTERM and SIGKILL when stopping.
+        grace_period: seconds between SIGTERM and SIGKILL when stopping
+            (default 30: time for every worker to save its backup).
+        max_restarts: how many times a failed job is started again (an int
+            >= 0; torchrun's name).
 
     Returns:
         0 when every worker exited 0; otherwise the failure's exit status.
@@ -97,6 +114,8 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
     startup_timeout = _check_seconds("startup_timeout", startup_timeout)
     timeout = _check_seconds("timeout", timeout)
     grace_period = _check_seconds("grace_period", grace_period) or 0.0
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
     if not isinstance(host, str) or not host:
         raise ValueError(f"host must be a non-empty address such as '127.0.0.1', got {host!r}.")
     out = Sink(sys.stdout if output is None else output)
@@ -107,11 +126,35 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
         gpu_groups = gpus_lib.assign_gpus(gpus_lib.visible_gpus(base_env), workers,
                                           gpus_per_worker)
 
-    ports = cluster_lib.free_ports(workers, host)
-    cluster = cluster_lib.cluster_spec(host, ports)
     if "TF_CONFIG" in base_env:
         err.write_line(MESSAGE_PREFIX + "TF_CONFIG from the environment is replaced "
                        "by the launcher's localhost cluster for each worker.")
+    if gpus_per_worker is not None:
+        err.write_line(MESSAGE_PREFIX + "GPUs per worker: " + "; ".join(
+            f"worker {rank}: {','.join(group)}" for rank, group in enumerate(gpu_groups)))
+    started = time.monotonic()
+    restarts = 0
+    while True:
+        remaining = None if not timeout else max(timeout - (time.monotonic() - started), 0.001)
+        job = _run_once(command, workers, host, base_env, devices_per_worker, gpu_groups,
+                        startup_timeout, remaining, out, err, grace_period)
+        status = job.status
+        if (status == 0 or restarts >= max_restarts or job.signals
+                or status in NOT_RESTARTED):
+            if status != 0 and max_restarts and restarts >= max_restarts and not job.signals:
+                err.write_line(MESSAGE_PREFIX + f"no restart left (--max-restarts "
+                               f"{max_restarts} used); exit status {status}.")
+            return status
+        restarts += 1
+        err.write_line(MESSAGE_PREFIX + f"restart {restarts} of {max_restarts}: the job ended "
+                       f"with {job.reason}; starting it again (it resumes from its backups).")
+
+
+def _run_once(command, workers, host, base_env, devices_per_worker, gpu_groups,
+              startup_timeout, timeout, out, err, grace_period):
+    """Starts the workers on fresh ports and supervises them; returns the `_Job`."""
+    ports = cluster_lib.free_ports(workers, host)
+    cluster = cluster_lib.cluster_spec(host, ports)
     ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
     try:
         ready_files = [os.path.join(ready_dir, f"worker-{rank}.ready")
@@ -121,13 +164,11 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
                                        devices_per_worker, worker_deadline,
                                        gpus=gpu_groups[rank])
                 for rank in range(workers)]
-        if gpus_per_worker is not None:
-            err.write_line(MESSAGE_PREFIX + "GPUs per worker: " + "; ".join(
-                f"worker {rank}: {','.join(group)}" for rank, group in enumerate(gpu_groups)))
         err.write_line(MESSAGE_PREFIX + f"starting {workers} worker(s) on "
                        f"{', '.join(cluster['worker'])}: {shlex.join(command)}")
         job = _Job(command, envs, ready_files, out, err, grace_period)
-        return job.run(startup_timeout, timeout)
+        job.status = job.run(startup_timeout, timeout)
+        return job
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
 
@@ -145,6 +186,8 @@ class _Job:
         self.procs = []
         self.pump = OutputPump()
         self.signals = []
+        self.status = None
+        self.reason = None
 
     def say(self, text):
         self.err.write_line(MESSAGE_PREFIX + text)
@@ -197,7 +240,14 @@ class _Job:
                 return 128 + signum
             codes = [proc.poll() for proc in self.procs]
             for rank, code in enumerate(codes):
+                if code == PREEMPTED_EXIT_CODE:
+                    self.reason = f"worker {rank} preempted (exit {code}, backup written)"
+                    self.say(f"worker {rank} stopped after SIGTERM/SIGINT with its backup "
+                             "written; waiting for the others, which stop at the same step.")
+                    self._stop(None)
+                    return code
                 if code is not None and code != 0:
+                    self.reason = f"worker {rank} failed ({processes.describe_exit(code)})"
                     self.say(f"worker {rank} failed with {processes.describe_exit(code)}; "
                              "stopping the other workers.")
                     self._stop(signal.SIGTERM)
@@ -210,6 +260,7 @@ class _Job:
                          for r, code, path in zip(ready, codes, self.ready_files)]
                 if not all(ready) and elapsed > startup_timeout:
                     late = [rank for rank, r in enumerate(ready) if not r]
+                    self.reason = f"worker(s) {', '.join(map(str, late))} not ready in time"
                     self.say(f"worker(s) {', '.join(map(str, late))} did not become ready "
                              f"within the start-up deadline of {startup_timeout:g}s "
                              "(no TFDIST_READY_FILE created and not exited 0); "
@@ -223,10 +274,12 @@ class _Job:
                 return EXIT_TIMEOUT
 
     def _stop(self, signum):
-        """Sends `signum` to every worker group, waits the grace period (cut
-        short by another signal to the launcher), then SIGKILLs the rest."""
-        for proc in self.procs:
-            processes.signal_group(proc, signum)
+        """Sends `signum` to every worker group (None: sends nothing, the
+        workers are stopping), waits the grace period (cut short by another
+        signal to the launcher), then SIGKILLs the rest."""
+        if signum is not None:
+            for proc in self.procs:
+                processes.signal_group(proc, signum)
         seen = len(self.signals)
         deadline = time.monotonic() + self.grace_period
         while (any(proc.poll() is None for proc in self.procs)
@@ -234,9 +287,9 @@ class _Job:
             self.pump.poll(TICK)
         stubborn = [rank for rank, proc in enumerate(self.procs) if proc.poll() is None]
         if stubborn:
+            after = processes.signal_name(signum) if signum is not None else "the first one stopped"
             self.say(f"worker(s) {', '.join(map(str, stubborn))} still running "
-                     f"{self.grace_period:g}s after {processes.signal_name(signum)}; "
-                     "sending SIGKILL.")
+                     f"{self.grace_period:g}s after {after}; sending SIGKILL.")
         for proc in self.procs:
             processes.signal_group(proc, signal.SIGKILL)
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 import yaml
 
+from tfdist.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
 from tfdist.strategy_names import STRATEGY_NAMES, check_strategy_name
 from tfdist.tf_logging import TF_LOG_LEVELS
@@ -114,7 +115,8 @@ COMMON_OPTIONS = [
            f"Distribution strategy: {', '.join(STRATEGY_NAMES)}.", normalize=check_strategy_name),
     Option("devices", int, None,
            "Devices per worker (GPUs; on a machine without GPUs the CPU is split into this many "
-           "logical devices). Default: all GPUs, or one CPU device.", minimum=1),
+           f"logical devices), at most {MAX_DEVICES_PER_WORKER}. Default: all GPUs, or one CPU "
+           "device.", minimum=1, normalize=check_device_count),
     Option("all_reduce", str, None,
            "All-reduce implementation: nccl, hierarchical_copy, reduction_to_one_device (mirrored); "
            "auto, ring, nccl (multi_worker_mirrored). Default: TensorFlow's choice."),
@@ -141,6 +143,10 @@ COMMON_OPTIONS = [
     Option("grad_accum_steps", int, 1, "Micro-batches accumulated per optimizer step.", minimum=1),
     Option("steps_per_execution", int, 1, "Training steps run inside one tf.function call.", minimum=1),
     Option("dataset", str, None, "Data source (see the recipe's --help for the forms)."),
+    Option("skip_corrupt_records", bool, False,
+           "TFRecord data (tfrecord:, imagenet_tfrecord:, uncompressed): read a damaged file up to "
+           "its last readable record and skip the rest, instead of stopping with an error naming "
+           "the file; what was skipped is printed at the end."),
     Option("model_dir", str, None,
            "Folder for the run's record (config.yaml), CSV and TensorBoard logs and checkpoints "
            "(default: none written)."),
@@ -156,6 +162,12 @@ COMMON_OPTIONS = [
     Option("backup_every", int, None,
            "Back up every N steps, besides every epoch end (default: epoch ends only).", minimum=1),
     Option("backup_keep", int, 2, "Backups kept.", minimum=1),
+    Option("divergence_factor", float, 10.0,
+           "Stop with an error when the loss is above this many times its recent level (the median "
+           "of the last 20 checked steps) at 3 checks in a row, judged after max(20 steps, the "
+           "learning-rate warmup); the last backup confirmed healthy is kept besides the "
+           "--backup-keep newest, and a rerun resumes from it. 0 turns the check off.",
+           normalize=lambda value: check_divergence_factor(value)),
     Option("seed", int, 42, "Random seed for weights and data order."),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
     Option("verbose", int, None,
@@ -190,6 +202,28 @@ def parse_step_range(text):
         raise ValueError(f"profile_steps must be a step range A-B with 1 <= A <= B, such as 20-25; "
                          f"got {text!r}.")
     return first, last, f"{first}-{last}"
+
+
+def check_divergence_factor(value):
+    """Checks a `--divergence-factor`: 0 (off) or a finite number > 1.
+
+    Returns:
+        The value, as a float.
+
+    Raises:
+        ValueError: naming the value and the allowed ones.
+
+    Example:
+
+    >>> check_divergence_factor(10)
+    10.0
+    """
+    value = float(value)
+    if value == 0 or (value > 1 and value != float("inf")):
+        return value
+    raise ValueError(
+        f"divergence_factor must be 0 (off) or a number > 1 (stop when the loss is above that "
+        f"many times its recent level), such as 10; got {value:g}.")
 
 
 def find_config_file(name_or_path, search_dirs=None):

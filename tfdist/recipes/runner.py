@@ -22,6 +22,7 @@ import sys
 from typing import Callable
 
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
+from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
                                    render_record, write_record)
 from tfdist.xla import resolve_xla
@@ -185,6 +186,9 @@ def run_recipe(recipe, argv=None):
     except KeyboardInterrupt:
         print(_interrupted_line(where), file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT_CODE
+    except Preempted as stop:
+        print(_preempted_line(stop, where), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
@@ -214,6 +218,7 @@ def check_before_tensorflow(recipe, config):
         check_all_reduce_name(config.strategy, config.all_reduce)
     except ValueError as error:
         raise ConfigError(f"--all-reduce: {error}") from None
+    check_skip_corrupt_records(config)
     for flag, value in (("--profile-steps", config.profile_steps),):
         if value is not None and not config.model_dir:
             raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
@@ -224,6 +229,33 @@ def check_before_tensorflow(recipe, config):
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
         check_warmup(config, steps_per_epoch)
+
+
+TFRECORD_SCHEMES = ("tfrecord", "imagenet_tfrecord")  # tfdist.data.TFRECORD_SCHEMES, without TF
+
+
+def check_skip_corrupt_records(config):
+    """Refuses --skip-corrupt-records when no dataset of the run is read from TFRecords.
+
+    Raises:
+        ConfigError: naming the datasets and the schemes the flag applies to.
+
+    Example:
+
+    >>> check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=True,
+    ...                                               dataset="embedded"))
+    Traceback (most recent call last):
+    ConfigError: --skip-corrupt-records applies to TFRecord data ...
+    """
+    if not getattr(config, "skip_corrupt_records", False):
+        return
+    specs = [spec for spec in (config.dataset, getattr(config, "validation_dataset", None)) if spec]
+    if any(spec.strip().partition(":")[0].strip().lower() in TFRECORD_SCHEMES for spec in specs):
+        return
+    raise ConfigError(
+        f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
+        f" but this run reads only {' and '.join(map(repr, specs)) or 'no dataset'}: there are no "
+        "records to skip. Drop the flag.")
 
 
 def check_warmup(config, steps_per_epoch):
@@ -281,6 +313,19 @@ def _print_config(recipe, config):
     return 0
 
 
+def _preempted_line(stop, where):
+    """The one line a SIGTERM/SIGINT stop prints: where, what was saved, how to resume."""
+    stopped = f"Stopped by {stop}"
+    if stop.backup is not None:
+        return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
+                f"{where.get('backup_dir')}. Rerun the same command to resume from it.")
+    if where.get("backup_dir"):
+        return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
+                f"resumes from the last backup in {where['backup_dir']}, if any.")
+    return (f"{stopped}: nothing was saved (add --model-dir DIR or --backup-dir to make runs "
+            "resumable); rerunning starts over.")
+
+
 def _interrupted_line(where):
     """The one line Ctrl-C prints: where training stopped and how to resume."""
     from tfdist.callbacks import latest_backup
@@ -305,13 +350,19 @@ def _train(recipe, config, where):
     # TensorFlow starts only after the flags are known to be good, quietly
     # unless asked, and logical devices are split before it initialises
     # (create_strategy does that).
+    from tfdist.stop_signals import BlockedStopSignals
     from tfdist.tf_logging import import_tensorflow
 
+    # SIGTERM/SIGINT wait for a step boundary (blocked in every thread,
+    # TensorFlow's included); before the first step a watchdog stops the
+    # process at once, as there is nothing to save yet.
+    signals = BlockedStopSignals.install(f"python -m tfdist.recipes.{recipe.name}")
     tf = import_tensorflow(config.tf_log_level)
     import keras
 
     from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
                                   latest_backup, make_logging_callbacks)
+    from tfdist.callbacks.preemption import PreemptionGuard
     from tfdist.callbacks.progress import RunPosition
     from tfdist.data import distribute_dataset
     from tfdist.devices import gpu_count
@@ -381,9 +432,17 @@ def _train(recipe, config, where):
     # Producers first (the loggers after them see their values); NanGuard
     # before the backup, so that a NaN step is never backed up.
     callbacks = [position, meter, NanGuard()]
+    if config.divergence_factor:
+        # Right after NanGuard: a diverged step is never backed up, and
+        # BackupAndResume keeps the last backup the guard saw healthy.
+        callbacks.append(divergence_guard(config, backup_dir))
+    backup = None
     if backup_dir:
-        callbacks.append(BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
-                                         max_to_keep=config.backup_keep, strategy=strategy))
+        backup = BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
+                                 max_to_keep=config.backup_keep, strategy=strategy)
+        callbacks.append(backup)
+    # After the backup: on SIGTERM/SIGINT every worker backs up at one agreed step.
+    callbacks.append(PreemptionGuard(backup, signals=signals, strategy=strategy))
     if config.model_dir:
         # CSV, TensorBoard (every --log-every steps and every epoch) and
         # per-epoch weights, written by the chief only.
@@ -393,13 +452,55 @@ def _train(recipe, config, where):
         first, last, _ = parse_step_range(config.profile_steps)
         callbacks.append(ProfilerWindow(os.path.join(config.model_dir, "tensorboard", "train"),
                                         start_step=first - 1, stop_step=last))
-    history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-                          validation_data=validation, validation_steps=config.validation_steps,
-                          callbacks=callbacks, verbose=min(config.verbose, 2) if info.is_chief else 0)
+    try:
+        history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                              validation_data=validation, validation_steps=config.validation_steps,
+                              callbacks=callbacks, verbose=min(config.verbose, 2) if info.is_chief else 0)
+    except tf.errors.DataLossError as error:
+        # TensorFlow names the byte offset of a damaged record, not its file.
+        from tfdist.data import explain_data_loss
+        raise explain_data_loss(error, [data.train, data.validation]) from error
     say(_final_block(history, data, meter.summary))
+    if config.skip_corrupt_records:
+        say(_skipped_line([data.train, data.validation], info.num_workers))
     if config.model_dir:
         say(_outputs_block(config.model_dir, backup_dir, config.profile_steps))
     return 0
+
+
+def _skipped_line(sources, num_workers):
+    """What --skip-corrupt-records skipped in the files this process read."""
+    logs = [source.skipped for source in sources if getattr(source, "skipped", None) is not None]
+    damaged = {damage.path: damage for log in logs for damage in log.files}
+    summary = "; ".join(log.summary() for log in logs if log.files) if damaged else "none"
+    if num_workers > 1:
+        return (f"Corrupt TFRecord data skipped (--skip-corrupt-records) in the files the chief "
+                f"read: {summary}; other workers warn as they skip")
+    return f"Corrupt TFRecord data skipped (--skip-corrupt-records): {summary}"
+
+
+def divergence_guard(config, backup_dir):
+    """The `DivergenceGuard` for `--divergence-factor`: judged after max(20
+    steps, the learning-rate warmup in batches), with advice naming the flags.
+
+    Example:
+
+    >>> divergence_guard(parse_config(["--warmup-steps", "100"], ...), "run/backup").warmup
+    100
+    """
+    from tfdist.callbacks import DivergenceGuard
+    from tfdist.callbacks.divergence import DEFAULT_WARMUP
+
+    warmup = max(DEFAULT_WARMUP, config.warmup_steps * config.grad_accum_steps)
+    if backup_dir:
+        hint = (f"To resume from the last good backup in {backup_dir}, rerun with the same flags "
+                "but a lower --learning-rate (e.g. a tenth), or with --clip-norm or a longer "
+                "--warmup-steps.")
+    else:
+        hint = ("Nothing was saved (add --model-dir DIR to make runs resumable); rerun with a "
+                "lower --learning-rate, or with --clip-norm or a longer --warmup-steps.")
+    hint += f" --divergence-factor 0 turns this check off (now {config.divergence_factor:g})."
+    return DivergenceGuard(factor=config.divergence_factor, warmup=warmup, hint=hint)
 
 
 def _record_run(recipe, config, resolved, resuming):

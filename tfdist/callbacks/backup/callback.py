@@ -7,9 +7,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.callbacks.backup.good import GoodBackups
 from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, checkpoint_number,
                                            list_backups, read_backup)
 from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.callbacks.loss_health import loss_health
 from tfdist.strategy import describe_strategy
 
 # The attribute tfdist's Trainer publishes its FitPosition under during fit
@@ -62,12 +64,21 @@ class BackupAndResume(keras.callbacks.Callback):
       the workers check that they restored the same backup and raise a
       `ValueError` otherwise.
     * **Atomic, keeps the last K.** Each backup is a `tf.train.Checkpoint`
-      written by `tf.train.CheckpointManager`: the data is written first and
-      the `checkpoint` index file is replaced (write + rename) only after,
+      written as `tf.train.CheckpointManager` does: the data is written first
+      and the `checkpoint` index file is replaced (write + rename) only after,
       then backups beyond `max_to_keep` are deleted; a crash mid-write leaves
       the previous backup in the index and loadable. The leftovers of an
       interrupted write are removed at the next start. An unreadable newest
       backup makes the callback fall back to the previous one.
+    * **Keeps the last good one.** With a `tfdist.callbacks.DivergenceGuard`
+      in the callbacks (before this one), its loss record is saved in every
+      backup and restored with it; a backup is *good* once the guard judged
+      the loss of its weights healthy at a later check, and the newest good
+      backup (at start: the one training resumed from) is never deleted by
+      the rotation, so `max_to_keep` + 1 backups may be on disk. When a guard
+      stops training (`DivergenceGuard` or `NanGuard`) the backups this run
+      wrote after the good one are deleted as suspect: rerunning resumes from
+      the good one, the newest left.
     * **Kept after failures.** A backup is never written when the logged loss
       is NaN or Inf (e.g. the epoch end that follows
       `keras.callbacks.TerminateOnNaN`), and the folder is only deleted
@@ -96,6 +107,11 @@ class BackupAndResume(keras.callbacks.Callback):
             `on_train_begin`, or None.
         last_backup: the `BackupInfo` of the last backup written by this
             process's run (on non-chief workers `path` is "").
+        good_backup: with a `DivergenceGuard`: the prefix of the newest
+            backup it confirmed healthy (or the one training resumed from),
+            else None.
+        discarded: the prefixes deleted as suspect when a guard stopped
+            training (chief only).
         backups_written: backups written since the last `on_train_begin`.
         exact: after `on_train_begin`, True when training resumes exactly at
             the backup's step (tfdist's `Trainer`, or a backup at an epoch
@@ -157,6 +173,8 @@ class BackupAndResume(keras.callbacks.Callback):
         self.strategy = strategy
         self.restored = None
         self.last_backup = None
+        self.good_backup = None
+        self.discarded = []
         self.backups_written = 0
         self.exact = None
         self._state = None
@@ -180,6 +198,8 @@ class BackupAndResume(keras.callbacks.Callback):
         self._warned_non_finite = False
         self._last_logs = None
         self._set_initial_epoch = False
+        self._health = None
+        self._good = None
 
     # ------------------------------------------------------------ restoring
     def on_train_begin(self, logs=None):
@@ -194,6 +214,8 @@ class BackupAndResume(keras.callbacks.Callback):
                              "(model.compile(optimizer=...), or tfdist's Trainer).")
         self._reset_run()
         self.restored, self.last_backup, self.backups_written, self.exact = None, None, 0, True
+        self.good_backup, self.discarded = None, []
+        self._health = loss_health(model)  # a DivergenceGuard's record, saved in the backups
         strategy = self.strategy or model_strategy(model) or tf.distribute.get_strategy()
         self._distribution = strategy
         task_type, task_id, self._chief = task_info(strategy)
@@ -204,9 +226,10 @@ class BackupAndResume(keras.callbacks.Callback):
                 optimizer.build(model.trainable_variables)
         if self._state is None:
             self._state = _Position()
+        guarded = {} if self._health is None else {"loss_health": self._health.trackable()}
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                          metrics=list(model.metrics_variables),
-                                         position=self._state)
+                                         position=self._state, **guarded)
         self._writer = BackupWriter(checkpoint, self.backup_dir, self.max_to_keep,
                                     is_chief=self._chief,
                                     worker_name=f"{task_type or 'worker'}{task_id}")
@@ -217,6 +240,8 @@ class BackupAndResume(keras.callbacks.Callback):
         numbers = [checkpoint_number(p) for p in committed]
         self._next_number = max(numbers + [0]) + 1
         self._writer.clean_uncommitted()
+        if self._health is not None:
+            self._start_guarded(info)
         if info is None:
             return
         self.restored = info
@@ -312,6 +337,54 @@ class BackupAndResume(keras.callbacks.Callback):
             f"({[i.path for i in infos]}) could be restored. Restore the files, or delete "
             "the folder to start over.")
 
+    def _start_guarded(self, info):
+        """With a DivergenceGuard: restores its record from the backup resumed
+        from, and starts tracking which backup is good."""
+        if info is not None and not self._health.restore(info.path):
+            warnings.warn(
+                f"BackupAndResume: the backup {info.path} holds no DivergenceGuard record of "
+                f"this shape (written without a guard, or with another window); the guard "
+                "records its recent values again before it judges.", ResumeWarning, stacklevel=3)
+            self._health.start_at(info.global_step, info.epoch,
+                                  info.step if self._fit_position is not None else 0)
+        self._good = GoodBackups(self._health, self.backup_dir, self.max_to_keep, restored=info)
+        self.good_backup = self._good.good_path()
+        self._health.add_listener(self._on_guard_stop)
+
+    def _on_guard_stop(self):
+        """A guard stops training: deletes (chief) the backups this run wrote
+        after the good one; returns a note for the guard's error."""
+        if self._good is None or self.model is None:
+            return None
+        suspects = self._good.pending()  # decided in memory: the same on every worker
+        good = self._good.good_path()
+        self.good_backup = good
+        if good is None:
+            if not suspects:  # nothing resumed from, nothing written
+                return None
+            return (f"BackupAndResume: no backup in {self.backup_dir} was confirmed healthy yet; "
+                    "its backups are left as they are (the newest may hold diverged weights).")
+        failed = None
+        if self._chief:
+            try:
+                self.discarded = self._writer.discard(suspects)
+            except (OSError, tf.errors.OpError) as error:
+                failed = error
+        # Multi-worker: no worker exits (and gets the job stopped) before the chief
+        # has deleted the suspects; every worker made the same decision.
+        self._agree("backups kept after the guard stopped training",
+                    [self._good.good.number, len(suspects)])
+        names = ", ".join(f"ckpt-{n}" for n in suspects)
+        if failed is not None:
+            return (f"BackupAndResume: the last good backup is {good} (global step "
+                    f"{self._good.good.global_step}), but deleting the backups taken since then "
+                    f"({names}) failed ({failed}); delete them by hand so that a rerun resumes "
+                    "from the good one.")
+        dropped = (f"deleted the backup(s) taken since then ({names}); " if suspects else "")
+        return (f"BackupAndResume: the last good backup is {good} (global step "
+                f"{self._good.good.global_step}), taken before the divergence; {dropped}it is "
+                "the newest backup, so rerunning resumes from it.")
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         resumed = self._resume_epoch is not None and epoch == self._resume_epoch
@@ -363,6 +436,47 @@ class BackupAndResume(keras.callbacks.Callback):
     def _at_update_boundary(self):
         return self._fit_position is None or self._fit_position.at_update_boundary()
 
+    def at_update_boundary(self):
+        """Whether training stands at an optimizer update (always so without
+        gradient accumulation); a backup can be taken only there.
+
+        Example:
+
+        >>> backup.at_update_boundary()
+        True
+        """
+        return self._at_update_boundary()
+
+    def backup_now(self, logs=None):
+        """Writes a backup at the current step, now (from a batch-end hook).
+
+        For `PreemptionGuard`: every worker must call it at the same step,
+        as every worker takes part in a backup. Like the scheduled backups,
+        none is written while the logged loss is not finite.
+
+        Args:
+            logs: the batch's logs (their loss is checked), or None.
+
+        Returns:
+            The `BackupInfo` written, or None when none was.
+
+        Raises:
+            ValueError: called between two optimizer updates of a gradient
+                accumulation (see `at_update_boundary`).
+
+        Example:
+
+        >>> info = backup.backup_now(logs)
+        >>> info.global_step
+        117
+        """
+        if not self._at_update_boundary():
+            raise ValueError("BackupAndResume.backup_now() between two optimizer updates of a "
+                             "gradient accumulation: call it where at_update_boundary() is True.")
+        written = self.backups_written
+        self._backup(logs)
+        return self.last_backup if self.backups_written > written else None
+
     def _backup(self, logs, epoch_end=False):
         self._pending = False
         if not _finite_loss(logs):
@@ -383,9 +497,17 @@ class BackupAndResume(keras.callbacks.Callback):
         values = dict(epoch=epoch, step=step, global_step=self._global_step,
                       iterator_batches=consumed, iterator_index=index, iterations=iterations)
         self._state.set(values)
+        keep = ()
+        if self._good is not None:  # a DivergenceGuard watches: save its record, keep the good one
+            self._health.store()
+            good = self._good.update()
+            keep = () if good is None else (good,)
         number = self._next_number
-        path = self._writer.write(number)
+        path = self._writer.write(number, keep=keep)
         self._next_number += 1
+        if self._good is not None:
+            self._good.written(number, self._global_step)
+            self.good_backup = self._good.good_path()
         self._agree("backup written", [number, self._global_step])  # a barrier too
         self.last_backup = BackupInfo(path=path or "", number=number, **values)
         self.backups_written += 1

@@ -1,0 +1,197 @@
+"""Preemption: on SIGTERM or SIGINT every worker backs up at one agreed step and stops."""
+
+import threading
+import time
+
+import keras
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
+from tfdist.strategy import describe_strategy
+
+ACK_TIMEOUT = 120.0
+_POLL_MS = 1000
+_KEY_PREFIX = "tfdist/stop"
+
+
+class PreemptionGuard(keras.callbacks.Callback):
+    """Turns SIGTERM/SIGINT into a backup at one step all workers agree on, then stops.
+
+    At every training batch end the callback takes a pending stop signal
+    (see `tfdist.stop_signals`). With one worker it then backs up (through
+    `backup`, a `BackupAndResume` placed before it) and raises `Preempted`.
+    With several workers only the worker that got the signal knows; it
+    names a step to stop at through TensorFlow's coordination service (the
+    key-value store `MultiWorkerMirroredStrategy` runs, with the protocol of
+    TensorFlow's `PreemptionCheckpointHandler`): it claims the stop, sets
+    the stop step to its next step and waits until every worker has read
+    it (each worker's watcher thread reads it and acknowledges). Workers
+    advance in lockstep (every step all-reduces), so none can have passed
+    that step; at it every worker takes part in the backup and raises
+    `Preempted`. Rerunning the same command resumes at exactly that step.
+
+    Why not `tf.distribute.experimental.PreemptionCheckpointHandler`
+    itself: it asks a cloud metadata server whether it runs on GCP (a
+    network request at construction), does nothing on GCP CPU machines, and
+    saves and restores its own checkpoint; tfdist's backups (data position,
+    counters, atomic rotation) are `BackupAndResume`'s.
+
+    With gradient accumulation the step counted is the optimizer update: a
+    backup is taken at an update boundary only.
+
+    Args:
+        backup: the `BackupAndResume` that writes the backup, or None to
+            stop without saving (a restart then starts over).
+        signals: where stop signals come from: an object with `pending()`
+            and `training_started()` (`tfdist.stop_signals`), or None to
+            install `HandlerStopSignals` for the run (and remove them after).
+        strategy: the strategy, or None for the model's.
+        ack_timeout: seconds the worker that got the signal waits for every
+            worker to acknowledge the stop step (an error naming the
+            missing workers after that).
+
+    Example:
+
+    >>> backup = BackupAndResume("run/backup", save_freq=100)
+    >>> trainer.fit(data, epochs=3, callbacks=[NanGuard(), backup, PreemptionGuard(backup)])
+    """
+
+    def __init__(self, backup=None, signals=None, strategy=None, ack_timeout=ACK_TIMEOUT):
+        super().__init__()
+        self.backup = backup
+        self.signals = signals
+        self.strategy = strategy
+        self.ack_timeout = float(ack_timeout)
+        self._fit_calls = 0
+        self._own_signals = None
+        self._watcher = None
+        self._stop_watching = threading.Event()
+        self._reset()
+
+    def _reset(self):
+        self._count = 0
+        self._stop_at = None
+        self._stop_signal = None
+        self._claimed = False
+        self._epoch = 0
+        self._epoch_step = 0
+        self._started = False
+        self._multi_worker = False
+        self._task = ("worker", 0)
+        self._num_workers = 1
+        self._keys = None
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+        self._fit_calls += 1
+        if self.signals is None:
+            self._own_signals = HandlerStopSignals.install()
+        strategy = self.strategy or model_strategy(self.model) or tf.distribute.get_strategy()
+        info = describe_strategy(strategy)
+        task_type, task_id, _ = task_info(strategy)
+        self._task = (task_type or "worker", task_id or 0)
+        self._num_workers = info.num_workers
+        self._multi_worker = info.num_workers > 1
+        if self._multi_worker:
+            run = f"{_KEY_PREFIX}/{self._fit_calls}"
+            self._keys = {"claim": f"{run}/claim", "step": f"{run}/step", "ack": f"{run}/ack"}
+            self._stop_watching.clear()
+            self._watcher = threading.Thread(target=self._watch_stop_step, daemon=True,
+                                             name="tfdist-stop-step-watcher")
+            self._watcher.start()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._epoch_step = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._epoch_step = batch + 1
+        signals = self._signal_source()
+        if not self._started:
+            self._started = True
+            signals.training_started()
+        if self.backup is not None and not self.backup.at_update_boundary():
+            return
+        self._count += 1
+        name = signals.pending()
+        if not self._multi_worker:
+            if name is not None:
+                self._stop(name, logs)
+            return
+        if self._stop_at is not None and self._count >= self._stop_at:
+            self._stop(self._stop_signal, logs)
+        if name is not None and not self._claimed and self._stop_at is None:
+            self._claim(name)
+
+    def on_train_end(self, logs=None):
+        self._finish()
+
+    # ------------------------------------------------------------ protocol
+    def _claim(self, name):
+        """The worker that got the signal names the stop step (its next one)."""
+        self._claimed = True
+        ctx = context.context()
+        try:
+            ctx.set_config_key_value(self._keys["claim"], self._task_name())
+        except tf.errors.AlreadyExistsError:
+            return  # another worker claimed first; its stop step will arrive
+        ctx.set_config_key_value(self._keys["step"], f"{self._count + 1}:{name}")
+        deadline = time.monotonic() + self.ack_timeout
+        missing = list(range(self._num_workers))
+        while missing and time.monotonic() < deadline:
+            index = missing[0]
+            try:
+                ctx.get_config_key_value(f"{self._keys['ack']}/{index}", timeout_in_ms=_POLL_MS)
+                missing.pop(0)
+            except tf.errors.DeadlineExceededError:
+                continue
+        if missing:
+            raise RuntimeError(
+                f"PreemptionGuard: {name} arrived, but worker(s) {missing} did not acknowledge "
+                f"the stop step within {self.ack_timeout:g} s; stopping without a common "
+                "backup. The last regular backup is kept.")
+
+    def _watch_stop_step(self):
+        """Watcher thread: reads the stop step when it is set, and acknowledges it."""
+        ctx = context.context()
+        while not self._stop_watching.is_set():
+            try:
+                value = ctx.get_config_key_value(self._keys["step"], timeout_in_ms=_POLL_MS)
+            except tf.errors.DeadlineExceededError:
+                continue
+            except (tf.errors.OpError, RuntimeError):
+                return  # the cluster is going away; the main thread sees why
+            step, name = value.split(":", 1)
+            self._stop_signal = name
+            self._stop_at = int(step)
+            try:
+                ctx.set_config_key_value(f"{self._keys['ack']}/{self._task[1]}", "1")
+            except (tf.errors.OpError, RuntimeError):
+                pass
+            return
+
+    def _stop(self, name, logs):
+        written = None
+        if self.backup is not None:
+            written = self.backup.backup_now(logs)
+        self._finish()
+        where = f"in epoch {self._epoch + 1} after step {self._epoch_step}"
+        raise Preempted(f"{name} {where}", signal_name=name, epoch=self._epoch,
+                        step=self._epoch_step, backup=written)
+
+    def _finish(self):
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2 * _POLL_MS / 1000)
+            self._watcher = None
+        if self._own_signals is not None:
+            self._own_signals.close()
+            self._own_signals = None
+
+    def _signal_source(self):
+        return self.signals if self.signals is not None else self._own_signals
+
+    def _task_name(self):
+        return f"{self._task[0]} {self._task[1]}"
