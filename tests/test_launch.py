@@ -374,6 +374,38 @@ def test_python_api_rejects_bad_arguments(kwargs, named):
         launch(**kwargs)
 
 
+@pytest.mark.multiworker
+@pytest.mark.parametrize("network, reachable", [("private", False), ("shared", True)])
+def test_workers_servers_are_reachable_only_in_a_shared_network(tmp_path, network, reachable):
+    """TensorFlow's servers listen on every interface; in the launcher's private
+    network (the default) nothing outside the job reaches them."""
+    import socket
+
+    stop = tmp_path / "stop"
+    proc = start(["--workers", "2", "--network", network, "--timeout", "150"],
+                 [PY, script("launch_tf_listen.py"), str(stop)])
+    try:
+        ports = []
+        deadline = time.monotonic() + 120
+        while len(ports) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            if " PORT " in line:
+                ports.append(int(line.split()[-1]))
+        assert len(ports) == 2, "the workers did not start"
+        for port in ports:
+            with socket.socket() as sock:
+                sock.settimeout(5)
+                assert (sock.connect_ex(("127.0.0.1", port)) == 0) is reachable, port
+    finally:
+        stop.touch()
+        code, _, err, _ = finish(proc, 60)
+    assert code == 0, err
+    if network == "shared":
+        assert "listen on every interface" in err
+    else:
+        assert "private network: the workers see only lo" in err
+
+
 def test_launcher_does_not_import_tensorflow():
     check = ("import sys, tfdist.launch, tfdist.launch.cli; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -5,7 +5,10 @@ import math
 import sys
 
 from tfdist.argtypes import int_at_least
-from tfdist.launch.runner import DEFAULT_GRACE_PERIOD, launch
+from tfdist.launch.network import PrivateNetworkError, enter_private_network, interfaces
+from tfdist.launch.runner import DEFAULT_GRACE_PERIOD, MESSAGE_PREFIX, launch
+
+NETWORK_MODES = ("private", "shared")
 
 USAGE_EXAMPLE = "python -m tfdist.launch --workers 2 -- python train.py"
 
@@ -59,7 +62,14 @@ def build_parser():
                              "or is preempted (exit 143) or misses the start-up deadline; it "
                              "resumes from its backups (default 0: no restart)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="loopback address the workers listen on (default 127.0.0.1)")
+                        help="address in the workers' TF_CONFIG (default 127.0.0.1). TensorFlow's "
+                             "servers listen on every interface whatever it is: see --network")
+    parser.add_argument("--network", choices=NETWORK_MODES, default="private",
+                        help="private (default): run the job in a network namespace of its own, "
+                             "where the workers reach each other and nothing else, and nothing "
+                             "outside reaches their unauthenticated gRPC servers (no internet or "
+                             "remote storage either). shared: the machine's network; the servers "
+                             "listen on every interface (0.0.0.0), a warning says so")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the worker command, after --")
     return parser
@@ -102,6 +112,18 @@ def main(argv=None):
     0
     """
     args = parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.network == "private":
+        try:
+            enter_private_network()  # still one thread: the workers inherit the namespace
+        except PrivateNetworkError as error:
+            print(f"{MESSAGE_PREFIX}error: {error.strerror}", file=sys.stderr)
+            return 2
+        print(f"{MESSAGE_PREFIX}private network: the workers see only {', '.join(interfaces())} "
+              "(no outside network; --network shared to use the machine's).", file=sys.stderr)
+    else:
+        print(f"{MESSAGE_PREFIX}warning: --network shared: TensorFlow's gRPC servers listen on "
+              "every interface of this machine (0.0.0.0:PORT), not only on --host, and accept "
+              "unauthenticated requests; keep the machine behind a firewall.", file=sys.stderr)
     try:
         return launch(args.command, args.workers,
                       devices_per_worker=args.devices_per_worker,
