@@ -121,7 +121,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_at_a_random_step_backs_up_there_and_the_rerun_is_exact(uninterrupted, tmp_path,
                                                                            signum):
     command = recipe_command(tmp_path, "--strategy", "mirrored", "--devices", "2")

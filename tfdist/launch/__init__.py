@@ -9,8 +9,8 @@ TensorFlow, so it starts instantly.
 Command line:
 
     python -m tfdist.launch --workers N [--devices-per-worker M] [--gpus-per-worker K]
-        [--startup-timeout S] [--timeout T] [--grace-period G]
-        [--host 127.0.0.1] -- <command...>
+        [--startup-timeout S] [--timeout T] [--grace-period G] [--max-restarts R]
+        [--network private|shared] [--host 127.0.0.1] -- <command...>
 
     python -m tfdist.launch --workers 2 -- python -m tfdist.recipes.cnn \\
         --strategy multi_worker_mirrored
@@ -20,6 +20,7 @@ Every worker's environment has:
 - TF_CONFIG = {"cluster": {"worker": ["127.0.0.1:p0", ...]},
   "task": {"type": "worker", "index": i}} (one already set is replaced);
 - TFDIST_RANK = i, TFDIST_WORLD_SIZE = N, PYTHONUNBUFFERED = 1;
+- TF_CPP_MIN_LOG_LEVEL = 3 (TensorFlow's C++ logging off) unless set already;
 - TFDIST_DEVICES_PER_WORKER = M when --devices-per-worker is given;
 - CUDA_VISIBLE_DEVICES = the i-th K of the launcher's GPUs when
   --gpus-per-worker K is given (too few GPUs is an error before any worker
@@ -32,9 +33,17 @@ Each output line is prefixed with its worker, e.g. "[worker 1] loss 0.3";
 workers' stdout goes to stdout, their stderr and the launcher's own messages
 to stderr.
 
+By default (--network private) the job runs in a Linux network namespace of
+its own, where the workers reach each other over loopback and nothing else:
+TensorFlow's unauthenticated gRPC servers listen on every interface, and
+this keeps them off the machine's network (see `tfdist.launch.network`).
+
 Exit status: 0 when every worker exits 0. When one worker fails (non-zero exit
-or a signal) the others get SIGTERM, then SIGKILL after the grace period, and
-the launcher exits with that worker's status (128 + N for signal N). A worker
+or a signal) the others get SIGTERM, then SIGKILL after the grace period
+(default 30 s), and the launcher exits with that worker's status (128 + N for
+signal N). A worker that exits 143 was preempted and wrote its backup; the
+others stop at the same step and are waited for. --max-restarts R starts a
+failed or preempted job again, up to R times. A worker
 that neither creates its ready file nor exits 0 within --startup-timeout
 (default 300 s, 0 disables) stops the job with 125; passing --timeout stops it
 with 124; SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to the workers
