@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import h5py
@@ -168,18 +169,31 @@ def test_sigterm_to_a_worker_or_the_launcher_stops_every_worker_at_one_step(unin
 def test_restarts_survive_random_kills_and_end_exact(uninterrupted, tmp_path):
     rng = random.Random(12)
     launcher = start(launcher_command(2, tmp_path, "--max-restarts", "3"))
-    seen = 0
-    for signum in (signal.SIGKILL, signal.SIGTERM):
-        # A backup newer than any before: the (restarted) job is training.
-        wait_for_backup(launcher, tmp_path, after=seen)
-        time.sleep(rng.uniform(0.0, 1.0))
-        seen = newest_backup(tmp_path)  # the next round waits for the restarted job's backups
-        os.kill(workers_of(launcher)[rng.randrange(2)], signum)
-    code, out = finish(launcher, timeout=400)
-    assert code == 0, out[-4000:]
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(launcher.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        for number, signum in enumerate((signal.SIGKILL, signal.SIGTERM, signal.SIGKILL), 1):
+            # A backup newer than any so far: the (restarted) job is training.
+            wait_for_backup(launcher, tmp_path, after=newest_backup(tmp_path))
+            time.sleep(rng.uniform(0.0, 1.0))
+            os.kill(workers_of(launcher)[rng.randrange(2)], signum)
+            deadline = time.monotonic() + 120
+            while not any(f"restart {number} of 3" in line for line in lines):
+                assert time.monotonic() < deadline, "".join(lines)[-3000:]
+                time.sleep(0.1)
+        launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    reader.join(timeout=10)
+    out = "".join(lines)
+    assert launcher.returncode == 0, out[-4000:]
     restarts = re.findall(r"tfdist\.launch: restart (\d) of 3: the job ended with (.*?);", out)
-    assert [n for n, _ in restarts] == ["1", "2"], out[-4000:]
+    assert [n for n, _ in restarts] == ["1", "2", "3"], out[-4000:]
     assert "SIGKILL" in restarts[0][1] and "preempted" in restarts[1][1], restarts
+    assert "SIGKILL" in restarts[2][1], restarts
     assert_same_weights(uninterrupted / "workers", tmp_path)
 
 
