@@ -145,12 +145,7 @@ def list_backups(backup_dir):
     ['backup/ckpt-7', 'backup/ckpt-8']
     """
     backup_dir = os.fspath(backup_dir)
-    if not tf.io.gfile.isdir(backup_dir):
-        return []
-    state = tf.train.get_checkpoint_state(backup_dir)
-    if state is None:
-        return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    paths, _ = _indexed(backup_dir)
     return [p if os.path.isabs(p) or "://" in p else os.path.join(backup_dir, p) for p in paths]
 
 
@@ -327,14 +322,22 @@ class BackupWriter:
         return removed
 
 
-def _read_index(backup_dir):
-    """The committed backups as (name, timestamp) pairs, oldest first."""
+def _indexed(backup_dir):
+    """The backups the `checkpoint` index names, oldest first, and the index
+    itself (`([], None)` when there is none)."""
     if not tf.io.gfile.isdir(backup_dir):
-        return []
+        return [], None
     state = tf.train.get_checkpoint_state(backup_dir)
     if state is None:
+        return [], None
+    return list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path], state
+
+
+def _read_index(backup_dir):
+    """The committed backups as (name, timestamp) pairs, oldest first."""
+    paths, state = _indexed(backup_dir)
+    if state is None:
         return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
     stamps = list(state.all_model_checkpoint_timestamps)
     if len(stamps) != len(paths):
         stamps = [state.last_preserved_timestamp or time.time()] * len(paths)
