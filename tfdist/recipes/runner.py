@@ -162,8 +162,9 @@ def run_recipe(recipe, argv=None):
 
     Bad flags, configs, strategy names or TF_CONFIG give a one-line error
     naming the problem and exit code 2 (flag and config errors before
-    TensorFlow starts). Ctrl-C prints where training stopped and how to
-    resume, and exits 130.
+    TensorFlow starts). SIGTERM or Ctrl-C (SIGINT) during training: every
+    worker backs up at one step, one line says where and how to resume, exit
+    143 (`PREEMPTED_EXIT_CODE`); Ctrl-C before training is set up exits 130.
     """
     prog = f"python -m tfdist.recipes.{recipe.name}"
     argv = sys.argv[1:] if argv is None else list(argv)
