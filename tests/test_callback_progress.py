@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfdist.callbacks import ProgressLogger, RunPosition, ThroughputMeter
+from tfdist.callbacks import ProgressLogger, ThroughputMeter
 from tfdist.callbacks.progress import flops, format_run_figures, is_run_figure, model_metrics, si
 
 
@@ -33,14 +33,11 @@ def test_plain_fit_prints_metrics_in_the_bar_and_figures_after_it(capsys):
     y = x.sum(axis=1, keepdims=True)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
-    position = RunPosition()
     model.fit(x, y, batch_size=8, epochs=2, verbose=2,
-              callbacks=[ThroughputMeter(8, warmup_steps=1, print_fn=None), ProgressLogger(),
-                         position])
+              callbacks=[ThroughputMeter(8, warmup_steps=1, print_fn=None), ProgressLogger()])
     lines = capsys.readouterr().out.splitlines()
     bars = [line for line in lines if line.startswith("8/8 - ")]
     assert len(bars) == 2, lines
     assert all("loss:" in bar and "mae:" in bar and "examples_per_sec" not in bar for bar in bars)
     figures = [line for line in lines if line.startswith("  ") and "examples/s" in line]
     assert len(figures) == 2 and all("ms/step" in line for line in figures), lines
-    assert (position.epoch, position.step, position.steps_run) == (1, 8, 16)

@@ -18,13 +18,13 @@ from tfdist.callbacks.memory import DeviceMemoryMonitor, MemoryUsageWarning
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
 from tfdist.callbacks.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionGuard
 from tfdist.callbacks.profiler import ProfilerWindow
-from tfdist.callbacks.progress import ProgressLogger, RunPosition
+from tfdist.callbacks.progress import ProgressLogger
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
 
 __all__ = [
     "BackupAndResume", "BackupInfo", "ResumeWarning", "latest_backup", "list_backups",
     "read_backup", "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
-    "MemoryUsageWarning", "NanGuard", "DivergenceError", "DivergenceGuard", "LossHealth", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted", "PreemptionGuard", "ProfilerWindow", "ProgressLogger", "RunPosition",
+    "MemoryUsageWarning", "NanGuard", "DivergenceError", "DivergenceGuard", "LossHealth", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted", "PreemptionGuard", "ProfilerWindow", "ProgressLogger",
     "ThroughputMeter",
     "format_summary", "is_chief", "make_logging_callbacks", "task_info",
 ]

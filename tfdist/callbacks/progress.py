@@ -127,37 +127,3 @@ class ProgressLogger(keras.callbacks.ProgbarLogger):
         if figures and self.verbose:
             self.print_fn(f"  {figures}", flush=True)
 
-
-class RunPosition(keras.callbacks.Callback):
-    """Remembers where training is: the epoch, the step within it, the steps run.
-
-    For messages such as "interrupted in epoch 2 after step 17". Steps are
-    counted from the batches Keras reports (a group of `steps_per_execution`
-    steps counts as the last step of the group).
-
-    Attributes:
-        epoch: the current epoch (0-based), None before training starts.
-        step: steps finished in the current epoch.
-        steps_run: training batches reported since training started.
-
-    Example:
-
-    >>> position = RunPosition()
-    >>> model.fit(dataset, epochs=2, callbacks=[position])
-    >>> position.epoch, position.step
-    (1, 64)
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.epoch = None
-        self.step = 0
-        self.steps_run = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-        self.step = 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step = batch + 1
-        self.steps_run += 1

@@ -1,13 +1,8 @@
 """`make_source`: a dataset string (the recipes' `--dataset` flag) to a Source."""
 
 from tfdist.data.source import Source
-
-SCHEMES = ("embedded", "tfds", "tfrecord", "text", "shapes", "tfds_images", "imagenet_tfrecord",
-           "image_folder")
-IMAGE_SCHEMES = ("shapes", "tfds_images", "imagenet_tfrecord", "image_folder")
-"""Schemes whose sources are `tfdist.data.images.ImageSource`s: `(image, label)` examples."""
-TFRECORD_SCHEMES = ("tfrecord", "imagenet_tfrecord")
-"""Schemes read from TFRecord files: they take `skip_corrupt_records`."""
+from tfdist.dataset_specs import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES,  # noqa: F401
+                                  dataset_scheme)
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
             "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",
@@ -137,17 +132,6 @@ def skip_corrupt_option(spec, skip):
     if skip and isinstance(spec, str) and dataset_scheme(spec) in TFRECORD_SCHEMES:
         return {"skip_corrupt_records": True}
     return {}
-
-
-def dataset_scheme(spec):
-    """The scheme of a dataset string, lower-cased.
-
-    Example:
-
-    >>> dataset_scheme("tfds:imdb_reviews"), dataset_scheme(" Shapes ")
-    ('tfds', 'shapes')
-    """
-    return spec.strip().partition(":")[0].strip().lower()
 
 
 def make_validation_source(spec, **options):

@@ -21,10 +21,11 @@ import os
 import sys
 from typing import Callable
 
+from tfdist.dataset_specs import TFRECORD_SCHEMES, dataset_scheme
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
-from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
                                    render_record, write_record)
+from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.xla import resolve_xla
 
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a program stopped by Ctrl-C (SIGINT)
@@ -185,7 +186,7 @@ def run_recipe(recipe, argv=None):
             return _print_config(recipe, config)
         return _train(recipe, config, where)
     except KeyboardInterrupt:
-        print(_interrupted_line(where), file=sys.stderr, flush=True)
+        print(_interrupted_line(), file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT_CODE
     except Preempted as stop:
         print(_preempted_line(stop, where), file=sys.stderr, flush=True)
@@ -232,9 +233,6 @@ def check_before_tensorflow(recipe, config):
         check_warmup(config, steps_per_epoch)
 
 
-TFRECORD_SCHEMES = ("tfrecord", "imagenet_tfrecord")  # tfdist.data.TFRECORD_SCHEMES, without TF
-
-
 def check_skip_corrupt_records(config):
     """Refuses --skip-corrupt-records when no dataset of the run is read from TFRecords.
 
@@ -251,7 +249,7 @@ def check_skip_corrupt_records(config):
     if not getattr(config, "skip_corrupt_records", False):
         return
     specs = [spec for spec in (config.dataset, getattr(config, "validation_dataset", None)) if spec]
-    if any(spec.strip().partition(":")[0].strip().lower() in TFRECORD_SCHEMES for spec in specs):
+    if any(dataset_scheme(spec) in TFRECORD_SCHEMES for spec in specs):
         return
     raise ConfigError(
         f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
@@ -327,24 +325,10 @@ def _preempted_line(stop, where):
             "resumable); rerunning starts over.")
 
 
-def _interrupted_line(where):
-    """The one line Ctrl-C prints: where training stopped and how to resume."""
-    from tfdist.callbacks import latest_backup
-
-    position = where.get("position")
-    stopped = "Interrupted before training started."
-    if position is not None and position.epoch is not None:
-        stopped = (f"Interrupted in epoch {position.epoch + 1} after step {position.step} of it "
-                   f"({position.steps_run} step(s) run).")
-    backup_dir = where.get("backup_dir")
-    backup = latest_backup(backup_dir) if backup_dir else None
-    if backup is not None:
-        return (f"{stopped} Rerun the same command to resume from the last backup "
-                f"(epoch {backup.epoch + 1}, step {backup.step}, global step {backup.global_step}) "
-                f"in {backup_dir}.")
-    if backup_dir:
-        return f"{stopped} No backup was written yet in {backup_dir}; rerunning starts over."
-    return f"{stopped} Nothing was saved: add --model-dir DIR (or --backup-dir) to make a run resumable."
+def _interrupted_line():
+    """The one line Ctrl-C prints before training is set up (once it is, SIGINT
+    waits for a step boundary and stops like a preemption)."""
+    return "Interrupted before training started: nothing was trained or saved."
 
 
 def _train(recipe, config, where):
@@ -364,7 +348,6 @@ def _train(recipe, config, where):
     from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
-    from tfdist.callbacks.progress import RunPosition
     from tfdist.data import distribute_dataset
     from tfdist.devices import gpu_count
     from tfdist.optimizers import build_optimizer
@@ -429,10 +412,9 @@ def _train(recipe, config, where):
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
         steps_per_execution=config.steps_per_execution, log_every=config.log_every, print_fn=None)
-    position = where["position"] = RunPosition()
     # Producers first (the loggers after them see their values); NanGuard
     # before the backup, so that a NaN step is never backed up.
-    callbacks = [position, meter, NanGuard()]
+    callbacks = [meter, NanGuard()]
     if config.divergence_factor:
         # Right after NanGuard: a diverged step is never backed up, and
         # BackupAndResume keeps the last backup the guard saw healthy.

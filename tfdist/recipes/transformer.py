@@ -157,7 +157,9 @@ def build_model(config, data):
 
 def train_examples(config):
     """Training examples known before reading any data (an embedded task), or None."""
-    return config.num_examples if config.dataset.split(":")[0] == "embedded" else None
+    from tfdist.dataset_specs import dataset_scheme
+
+    return config.num_examples if dataset_scheme(config.dataset) == "embedded" else None
 
 
 RECIPE = Recipe(
