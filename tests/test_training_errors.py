@@ -29,11 +29,20 @@ def test_optimizer_created_outside_the_scope_is_refused():
         Trainer(common.dense_model(strategy), keras.optimizers.SGD(0.1), "mse", strategy=strategy)
 
 
-def test_trainer_outside_the_scope_without_strategy_argument_is_refused():
+def test_trainer_outside_the_scope_without_strategy_argument_uses_the_models_strategy():
     strategy = common.mirrored(2)
     model = common.dense_model(strategy)
+    assert Trainer(model, sgd_in(strategy), "mse").strategy is strategy
+
+
+def test_a_model_built_under_another_strategy_is_refused():
+    strategy = common.mirrored(2)
+    model = common.dense_model(strategy)
+    other = common.mirrored(2)
+    with other.scope():
+        optimizer = keras.optimizers.SGD(0.1)
     with pytest.raises(ValueError, match="pass strategy="):
-        Trainer(model, sgd_in(strategy), "mse")
+        Trainer(model, optimizer, "mse", strategy=other)
 
 
 def test_strategy_is_taken_from_the_active_scope():
@@ -71,7 +80,7 @@ def test_two_clippings_are_refused():
     ({"grad_accum_steps": 0}, "grad_accum_steps must be an integer >= 1, got 0"),
     ({"steps_per_execution": 1.5}, "steps_per_execution must be an integer >= 1, got 1.5"),
     ({"clip_norm": -1.0}, "clip_norm must be a number > 0 or None, got -1.0"),
-    ({"jit_compile": "yes"}, "jit_compile must be True or False, got 'yes'"),
+    ({"jit_compile": "yes"}, "jit_compile must be True, False or None, got 'yes'"),
 ])
 def test_bad_arguments_name_the_value(kwargs, message):
     strategy = tf.distribute.get_strategy()
@@ -79,17 +88,20 @@ def test_bad_arguments_name_the_value(kwargs, message):
         Trainer(common.dense_model(strategy), sgd_in(strategy), "mse", **kwargs)
 
 
-def test_optimizer_name_instead_of_instance_is_refused():
-    strategy = tf.distribute.get_strategy()
-    with pytest.raises(TypeError, match="got 'sgd'"):
-        Trainer(common.dense_model(strategy), "sgd", "mse")
+def test_an_optimizer_name_is_resolved_by_keras_compile_inside_the_scope():
+    strategy = common.mirrored(2)
+    trainer = Trainer(common.dense_model(strategy), "sgd", "mse", strategy=strategy)
+    assert isinstance(trainer.optimizer, keras.optimizers.SGD)
+    assert strategy.extended.variable_created_in_scope(trainer.optimizer.iterations.value)
 
 
 def test_bad_inputs_name_what_is_allowed():
     strategy = common.mirrored(2)
     trainer = Trainer(common.dense_model(strategy), sgd_in(strategy), "mse", strategy=strategy)
-    with pytest.raises(TypeError, match="got ndarray.*from_tensor_slices"):
-        trainer.fit(np.zeros((4, common.FEATURES), "float32"))
+    with pytest.raises(TypeError, match="must be numpy arrays.*got str"):
+        trainer.fit("train.csv")
+    with pytest.raises(ValueError, match="no targets"):
+        trainer.fit(np.zeros((4, common.FEATURES), "float32"), verbose=0)
     with pytest.raises(ValueError, match="no targets"):
         trainer.fit(DATA.map(lambda x, y: x), verbose=0)
     with pytest.raises(ValueError, match="verbose must be one of"):

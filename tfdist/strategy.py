@@ -264,6 +264,19 @@ def task_info(strategy=None):
     return config.task_type, config.task_index, config.is_chief or config.task_type == "evaluator"
 
 
+def is_multi_worker(strategy):
+    """Whether `strategy` spans several worker processes (MultiWorkerMirrored
+    with a cluster of more than one task).
+
+    Example:
+
+    >>> is_multi_worker(create_strategy("mirrored", devices=2))
+    False
+    """
+    in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return bool(in_multi_worker_mode()) if in_multi_worker_mode is not None else False
+
+
 def is_chief(strategy=None):
     """Whether this process is the chief (see `task_info` for the rule).
 

@@ -1,6 +1,11 @@
 """Turning what the user passes as data into a distributed dataset.
 
-Three forms are accepted, whatever the strategy:
+`fit`, `evaluate` and `predict` take Keras's arguments: numpy arrays (or
+lists / dicts of them) with `y`, `batch_size` (the global batch),
+`sample_weight`, `class_weight`, `shuffle` and `validation_split` become a
+`tf.data.Dataset` of global batches (`tfdist.training.arrays`), which is then
+distributed like any other dataset. Three dataset forms are accepted,
+whatever the strategy:
 
 * a `tf.distribute.DistributedDataset` (already distributed by the caller);
 * a function `dataset_fn(input_context) -> tf.data.Dataset` batched with the
@@ -13,10 +18,18 @@ Elements are `(x, y)` or `(x, y, sample_weight)` for training and evaluation,
 and `x`, `(x,)`, or any of the above for prediction.
 """
 
+import types
+
 import keras
+import numpy as np
 import tensorflow as tf
+from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+
+from tfdist.strategy import is_multi_worker
+from tfdist.training import arrays
 
 ALLOWED_INPUTS = (
+    "numpy arrays (or lists / dicts of them) with y and batch_size, "
     "a tf.data.Dataset batched with the global batch size, "
     "a function dataset_fn(input_context) -> tf.data.Dataset batched per replica, "
     "or a tf.distribute.DistributedDataset"
@@ -36,8 +49,8 @@ def distribute(strategy, data, argument="x"):
         the default strategy).
 
     Raises:
-        TypeError: `data` is none of the accepted forms (numpy arrays, lists
-            and generators must be wrapped in a `tf.data.Dataset` first).
+        TypeError: `data` is none of the accepted forms (arrays are turned
+            into a dataset first, by `training_inputs` / `evaluation_inputs`).
 
     Example:
 
@@ -50,10 +63,7 @@ def distribute(strategy, data, argument="x"):
         return strategy.experimental_distribute_dataset(data)
     if callable(data):
         return strategy.distribute_datasets_from_function(data)
-    raise TypeError(
-        f"{argument} must be {ALLOWED_INPUTS}; got {type(data).__name__}. "
-        "Wrap arrays with tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)."
-    )
+    raise TypeError(f"{argument} must be {ALLOWED_INPUTS}; got {type(data).__name__}.")
 
 
 def unpack(data, need_targets, argument="x"):
@@ -100,3 +110,151 @@ def per_replica_spec(element_spec):
         return value_specs[0] if value_specs else spec
 
     return tf.nest.map_structure(one, element_spec)
+
+
+DEFAULT_BATCH_SIZE = 32
+"""Keras's default `batch_size` for array inputs."""
+
+
+def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
+                    class_weight=None, shuffle=True, validation_split=0.0,
+                    validation_data=None, validation_batch_size=None):
+    """Returns `(train, validation)` from `fit`'s arguments, as `distribute` accepts them.
+
+    Array inputs become datasets of global batches (shuffled alike on every
+    worker: the seed is agreed across the cluster); datasets pass through
+    (with `class_weight` mapped onto a `tf.data.Dataset` as Keras does).
+
+    Args:
+        strategy: the trainer's strategy (to agree on a shuffle seed).
+        x, y, batch_size, sample_weight, class_weight, shuffle,
+        validation_split, validation_data, validation_batch_size: as in
+            `keras.Model.fit`.
+
+    Returns:
+        `(train, validation)`; `validation` is None without validation data.
+
+    Raises:
+        ValueError: an argument that has no meaning for the form of `x`
+            (e.g. `y` or `batch_size` with a dataset), both
+            `validation_split` and `validation_data`, or a bad value.
+
+    Example:
+
+    >>> train, val = training_inputs(strategy, x, y, batch_size=64, validation_split=0.1)
+    """
+    if validation_split and validation_data is not None:
+        raise ValueError(
+            f"Both validation_split={validation_split!r} and validation_data were given; "
+            "Keras would silently use validation_data only. Pass one of them.")
+    if arrays.is_array_input(x):
+        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        train_part, validation_part = arrays.split_validation(x, y, sample_weight,
+                                                              validation_split or 0.0)
+        seed = agreed_seed(strategy) if shuffle else None
+        train = arrays.array_dataset(*train_part, batch_size=batch_size, shuffle=shuffle,
+                                     class_weight=class_weight, seed=seed)
+        if validation_part is not None:
+            validation_data = validation_part
+    else:
+        _check_dataset_arguments(x, y=y, batch_size=batch_size, sample_weight=sample_weight,
+                                 validation_split=validation_split)
+        train = _dataset_input(strategy, x, shuffle, class_weight)
+    validation = None
+    if validation_data is not None:
+        validation = _validation_inputs(validation_data,
+                                        validation_batch_size or batch_size)
+    return train, validation
+
+
+def evaluation_inputs(x, y=None, *, batch_size=None, sample_weight=None):
+    """Returns `evaluate`'s / `predict`'s data as `distribute` accepts it (never shuffled).
+
+    Example:
+
+    >>> data = evaluation_inputs(x_test, y_test, batch_size=128)
+    """
+    if arrays.is_array_input(x):
+        return arrays.array_dataset(x, y, sample_weight,
+                                    batch_size=batch_size or DEFAULT_BATCH_SIZE, shuffle=False)
+    _check_dataset_arguments(x, y=y, batch_size=batch_size, sample_weight=sample_weight)
+    return x
+
+
+def agreed_seed(strategy):
+    """A shuffle seed drawn from numpy's global state, the chief's on every worker.
+
+    Under `MultiWorkerMirroredStrategy` every worker builds the array
+    pipeline and takes its share of each global batch, so all must shuffle
+    alike: the first replica's seed is summed across the cluster (the others
+    add 0). Set `keras.utils.set_random_seed(s)` for the same order at every
+    run (needed to resume a shuffled run exactly).
+
+    Example:
+
+    >>> seed = agreed_seed(strategy)
+    """
+    seed = arrays.shuffle_seed()
+    if not is_multi_worker(strategy):
+        return seed
+
+    @tf.function(autograph=False)
+    def share():
+        def replica():
+            context = tf.distribute.get_replica_context()
+            mine = tf.where(tf.equal(context.replica_id_in_sync_group, 0),
+                            tf.constant(float(seed), tf.float64), tf.constant(0.0, tf.float64))
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
+        return strategy.experimental_local_results(strategy.run(replica))[0]
+
+    return int(np.round(share().numpy()))
+
+
+def _validation_inputs(validation_data, batch_size):
+    if isinstance(validation_data, (list, tuple)) and arrays.is_array_input(validation_data):
+        if len(validation_data) not in (2, 3):
+            raise ValueError(
+                "validation_data as arrays must be (x_val, y_val) or (x_val, y_val, "
+                f"sample_weight_val); got a {type(validation_data).__name__} of "
+                f"{len(validation_data)} items.")
+        return arrays.array_dataset(*validation_data,
+                                    batch_size=batch_size or DEFAULT_BATCH_SIZE, shuffle=False)
+    if batch_size is not None and isinstance(validation_data, tf.data.Dataset):
+        pass  # validation_batch_size applies to arrays only, as in Keras
+    return validation_data
+
+
+def _check_dataset_arguments(x, **arguments):
+    """Refuses array-only arguments given with a dataset (Keras refuses them too)."""
+    if x is None:
+        raise ValueError("x is required: arrays (with y), a tf.data.Dataset, a "
+                         "dataset_fn(input_context) or a DistributedDataset.")
+    given = [name for name, value in arguments.items()
+             if value is not None and not (isinstance(value, (int, float)) and value == 0)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} cannot be used when x is a {type(x).__name__}: a dataset "
+            "already yields batches of (x, y) or (x, y, sample_weight). Put the targets "
+            "and weights in the dataset's elements and batch it with the global batch "
+            "size (validation_split: split the dataset yourself, e.g. with "
+            "take()/skip()).")
+
+
+def _dataset_input(strategy, x, shuffle, class_weight):
+    """Datasets as they are (with `class_weight` mapped on a `tf.data.Dataset`);
+    generators and `keras.utils.PyDataset` through Keras's adapters (one worker only)."""
+    if isinstance(x, (types.GeneratorType, keras.utils.PyDataset)):
+        if is_multi_worker(strategy):
+            raise ValueError(
+                f"x is a {type(x).__name__}, which every worker would read in full: under "
+                "MultiWorkerMirroredStrategy the input must be shardable. Use arrays, a "
+                "tf.data.Dataset, or a dataset_fn(input_context) that reads this worker's "
+                "share (input_context.input_pipeline_id).")
+        return arrays.python_input_dataset(x, shuffle=shuffle, class_weight=class_weight)
+    if class_weight is None:
+        return x
+    if not isinstance(x, tf.data.Dataset):
+        raise ValueError(
+            f"class_weight needs arrays or a tf.data.Dataset as x, got {type(x).__name__}. "
+            "Apply the weights in your dataset_fn instead (map (x, y) to (x, y, weight)).")
+    return x.map(make_class_weight_map_fn(class_weight))

@@ -17,6 +17,8 @@ exactly the value a single device computes on the whole batch:
     loss = sum(numerators)                  # "sum"
 """
 
+import collections
+
 import keras
 from keras import ops
 from keras.src import tree
@@ -93,7 +95,7 @@ class GlobalLoss:
         False for `"sum"` (the global loss is `sum(numerators)`)."""
         return self.reduction in NORMALIZED_REDUCTIONS
 
-    def local_terms(self, y_true, y_pred, sample_weight=None):
+    def local_terms(self, y_true, y_pred, sample_weight=None, return_kind=False):
         """Returns `(numerator, count)` for one replica's slice of the batch.
 
         Args:
@@ -102,6 +104,11 @@ class GlobalLoss:
             y_pred: the model's predictions; a Keras mask attached to them is
                 honoured.
             sample_weight: optional weights, broadcast like Keras does.
+            return_kind: also return what the count is (a Python string
+                known when tracing): `"size"` (the number of loss elements,
+                proportional to the batch when the shapes are), `"mask"`
+                (unmasked elements), `"weights"` (the sum of the sample
+                weights) or `"one"` (`"sum"`, or a loss that reduced itself).
 
         Returns:
             Two float32 scalars. `numerator` is the weighted, masked sum of
@@ -109,6 +116,7 @@ class GlobalLoss:
             reduction's divisor: the number of (unmasked) elements for
             `"sum_over_batch_size"`/`"mean"`, the sum of the effective weights
             for `"mean_with_sample_weight"`, and 1 for `"sum"` (unused).
+            With `return_kind`, `(numerator, count, kind)`.
 
         Example:
 
@@ -140,16 +148,19 @@ class GlobalLoss:
                 values = values * weights
             if len(values.shape) == 0:
                 # The loss reduced itself: one value per replica.
-                return _f32(values), _f32(ops.ones(()))
-            numerator = ops.sum(values)
-            if self.reduction == "sum":
-                count = ops.ones(())
-            elif self.reduction == "mean_with_sample_weight" and weights is not None:
-                count = ops.sum(weights)
-            elif mask is not None and self.reduction != "mean_with_sample_weight":
-                count = ops.sum(ops.cast(mask, dtype))
+                numerator, count, kind = values, ops.ones(()), "one"
             else:
-                count = ops.cast(ops.size(values), dtype)
+                numerator = ops.sum(values)
+                if self.reduction == "sum":
+                    count, kind = ops.ones(()), "one"
+                elif self.reduction == "mean_with_sample_weight" and weights is not None:
+                    count, kind = ops.sum(weights), "weights"
+                elif mask is not None and self.reduction != "mean_with_sample_weight":
+                    count, kind = ops.sum(ops.cast(mask, dtype)), "mask"
+                else:
+                    count, kind = ops.cast(ops.size(values), dtype), "size"
+        if return_kind:
+            return _f32(numerator), _f32(count), kind
         return _f32(numerator), _f32(count)
 
 
@@ -161,3 +172,101 @@ def _combine_masks(in_mask, out_mask):
 
 def _f32(x):
     return ops.cast(x, "float32")
+
+
+class LossTerm(collections.namedtuple("LossTerm", ["numerator", "count", "kind"])):
+    """One compiled loss's share of a replica's batch (see `GlobalLoss.local_terms`).
+
+    Example:
+
+    >>> LossTerm(numerator, count, "size")
+    """
+
+
+class GlobalCompileLoss:
+    """The loss a model was compiled with, split into per-replica terms.
+
+    `model.compile(loss=..., loss_weights=...)` accepts one loss, or one per
+    output as a list, a dict keyed by output name or a nested structure, and
+    Keras's `CompileLoss` matches them to the outputs and the targets. This
+    class reuses that matching (it runs `CompileLoss.call` with each of its
+    resolved losses replaced by a recorder) and reduces every loss with
+    `GlobalLoss`, so that each term can be summed across replicas, workers
+    and accumulation steps. The global value of the compiled loss is then
+    `sum_k weight_k * N_k / C_k` (Keras's total), and `N_k / C_k` is what
+    Keras logs as `<output>_loss` when there are several losses.
+
+    Args:
+        compile_loss: the model's `keras.src.trainers.compile_utils.CompileLoss`
+            (`model._compile_loss`), already built (the trainer builds it with
+            the model).
+
+    Raises:
+        ValueError: a loss has a reduction without a global value (see
+            `GlobalLoss`), or losses mix `"sum"` with a mean reduction.
+
+    Example:
+
+    >>> compiled = GlobalCompileLoss(model._compile_loss)
+    >>> compiled.names, compiled.weights
+    (['priority', 'department'], [1.0, 0.2])
+    >>> terms = compiled.local_terms(y_true, model(x), sample_weight=None)
+    """
+
+    def __init__(self, compile_loss):
+        self.compile_loss = compile_loss
+        flat = compile_loss._flat_losses
+        self.losses = [GlobalLoss(entry.loss) for entry in flat]
+        self.weights = [1.0 if entry.loss_weights is None else float(entry.loss_weights)
+                        for entry in flat]
+        self.names = [entry.name for entry in flat]
+        self.trackers = list(compile_loss.metrics) if len(flat) > 1 else []
+        kinds = {loss.normalized for loss in self.losses}
+        if len(kinds) > 1:
+            mixed = ", ".join(f"{name}: {loss.reduction!r}"
+                              for name, loss in zip(self.names, self.losses))
+            raise ValueError(
+                f"The compiled losses mix the 'sum' reduction with a mean ({mixed}). "
+                "Their total has no single divisor over the global batch; give every "
+                "loss a mean reduction (the default 'sum_over_batch_size') or every "
+                "loss reduction='sum'.")
+
+    @property
+    def normalized(self):
+        """True when every loss divides by its count (no `"sum"` reduction)."""
+        return self.losses[0].normalized
+
+    def local_terms(self, y_true, y_pred, sample_weight=None):
+        """Returns one `LossTerm` per compiled loss for this replica's batch.
+
+        Args:
+            y_true: the batch's targets, in any structure Keras's `fit`
+                accepts for this model.
+            y_pred: the model's outputs (Keras masks on them are honoured).
+            sample_weight: a weight array, or one per output.
+
+        Example:
+
+        >>> [term.numerator for term in compiled.local_terms(y, model(x))]
+        """
+        terms = []
+
+        def recorder(global_loss):
+            def record(y_t, y_p, weights):
+                terms.append(LossTerm(*global_loss.local_terms(y_t, y_p, weights,
+                                                               return_kind=True)))
+                return terms[-1].numerator
+            return record
+
+        compile_loss = self.compile_loss
+        recorders = [entry._replace(loss=recorder(loss), loss_weights=None)
+                     for entry, loss in zip(compile_loss._flat_losses, self.losses)]
+        saved = compile_loss._flat_losses, compile_loss._metrics
+        # Keras's own per-output trackers would get per-replica values; the
+        # trainer records the global ones instead.
+        compile_loss._flat_losses, compile_loss._metrics = recorders, [None] * len(recorders)
+        try:
+            compile_loss.call(y_true, y_pred, sample_weight)
+        finally:
+            compile_loss._flat_losses, compile_loss._metrics = saved
+        return terms

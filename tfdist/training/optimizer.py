@@ -23,6 +23,7 @@ import contextlib
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
 
 def optimizer_chain(optimizer):
@@ -139,6 +140,49 @@ def gradients_already_summed(optimizer):
     finally:
         for opt in patched:
             object.__delattr__(opt, "_all_reduce_sum_gradients")
+
+
+@contextlib.contextmanager
+def gradients_averaged():
+    """Context in which every Keras optimizer averages gradients across replicas.
+
+    Keras's `optimizer.apply` *sums* the replicas' gradients, because Keras
+    divides each replica's loss by the number of replicas. A model's own
+    `train_step` run by tfdist sees each replica's plain mean loss instead
+    (`tfdist.training.model_hooks.keras_losses_unscaled`), so the optimizer
+    must average: inside this context `_all_reduce_sum_gradients` of every
+    TensorFlow-backend Keras optimizer (class-wide, so optimizers the model
+    keeps in its own attributes are covered too) divides by the number of
+    replicas before its sum. Use it around the code that *traces* the step.
+
+    Example:
+
+    >>> with gradients_averaged(), keras_losses_unscaled():
+    ...     strategy.run(model.train_step, args=(batch,))
+    """
+    original = TFOptimizer._all_reduce_sum_gradients
+
+    def average(self, grads_and_vars):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return original(self, grads_and_vars)
+        factor = 1.0 / context.num_replicas_in_sync
+        return original(self, [(_times(g, factor), v) for g, v in grads_and_vars])
+
+    TFOptimizer._all_reduce_sum_gradients = average
+    try:
+        yield
+    finally:
+        TFOptimizer._all_reduce_sum_gradients = original
+
+
+def _times(grad, factor):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
 
 
 def loss_scale(optimizer):

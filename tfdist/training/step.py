@@ -28,19 +28,15 @@ For `"sum"` losses the divisor is 1, `J = n + R / (K * N)` and the gradients
 are not multiplied by `c`.
 """
 
-import keras
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
+from tfdist.training.metrics_sync import global_metric_results
+from tfdist.training.model_hooks import keras_losses_unscaled
 from tfdist.training.optimizer import gradients_already_summed, loss_scale
-
-# Statistics carried next to the gradients: loss numerator, loss weight c,
-# c * regularisation, local number of examples.
-_NUMERATOR, _WEIGHT, _WEIGHTED_REG, _EXAMPLES = range(4)
-_STATS = 4
 
 
 class StepFunctions:
@@ -49,15 +45,27 @@ class StepFunctions:
     The model, optimizer and compiled metrics must already be built inside
     `strategy.scope()`.
 
+    The loss of one step is the model's compiled loss (`GlobalCompileLoss`:
+    one loss or one per output, with `loss_weights`) plus its regularisation
+    losses, reduced over the global batch; or, when the model overrides
+    `compute_loss`, that method's value (see `tfdist.training.model_hooks`).
+    Several compiled losses must have counts proportional across replicas
+    (no Keras mask, no `"mean_with_sample_weight"` with sample weights) when
+    there is more than one replica or accumulation step; otherwise the step
+    raises a `ValueError` that names the loss.
+
     Args:
         model: the compiled, built `keras.Model` (its `compute_metrics`
             updates the metrics and `_loss_tracker` records the loss).
         optimizer: the built optimizer (`model.optimizer`).
-        loss: a `GlobalLoss`.
+        loss: a `GlobalCompileLoss`, or None when the model's own
+            `compute_loss` gives the loss (or it has only `add_loss` terms).
         strategy: the `tf.distribute.Strategy`.
         jit_compile: compile the replica computation with XLA.
         grad_accum_steps: micro-batches per optimizer step (>= 1).
         clip_norm: clip the summed gradient to this global norm, or None.
+        custom_loss: call the model's own `compute_loss`.
+        run_eagerly: run the functions eagerly (no `tf.function`).
 
     Attributes:
         train_function: `f(iterator, num_steps) -> (steps_run, logs)`.
@@ -69,26 +77,35 @@ class StepFunctions:
 
     Example:
 
-    >>> steps = StepFunctions(model, model.optimizer, GlobalLoss("mse"), strategy,
-    ...                       jit_compile=False, grad_accum_steps=1, clip_norm=None)
+    >>> steps = StepFunctions(model, model.optimizer, GlobalCompileLoss(model._compile_loss),
+    ...                       strategy, jit_compile=False, grad_accum_steps=1, clip_norm=None)
     >>> ran, logs = steps.train_function(iter(dist_dataset), tf.constant(10))
     """
 
     def __init__(self, model, optimizer, loss, strategy, *, jit_compile, grad_accum_steps,
-                 clip_norm):
+                 clip_norm, custom_loss=False, run_eagerly=False):
         self.model = model
         self.optimizer = optimizer
         self.loss = loss
+        self.custom_loss = custom_loss
         self.strategy = strategy
         self.grad_accum_steps = grad_accum_steps
         self.clip_norm = clip_norm
+        self.normalized = custom_loss or loss is None or loss.normalized
+        # Statistics carried next to the gradients: the K compiled losses'
+        # numerators and counts, then the replica's weight c, c * regularisation
+        # and its number of examples.
+        self._losses = 1 if (custom_loss or loss is None) else len(loss.losses)
+        k = self._losses
+        self._weight_index, self._reg_index, self._examples_index = 2 * k, 2 * k + 1, 2 * k + 2
+        self._stats = 2 * k + 3
         self._sum_weight = 1.0 / (grad_accum_steps * strategy.num_replicas_in_sync)
         # One replica, no accumulation: c * dJ / sum(c) is dJ, and nothing to all-reduce.
         self._single = strategy.num_replicas_in_sync == 1 and grad_accum_steps == 1
         self.accumulator = None
         if grad_accum_steps > 1:
             with strategy.scope():
-                self.accumulator = GradientAccumulator(model.trainable_variables, _STATS)
+                self.accumulator = GradientAccumulator(model.trainable_variables, self._stats)
                 self.micro_step = tf.Variable(
                     0, dtype=tf.int64, trainable=False, name="micro_step",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -102,7 +119,10 @@ class StepFunctions:
         self._compute_predictions = _jit(self._predictions, jit_compile)
         self._run_replica_train = _jit(self._replica_train, whole_step)
         self._run_replica_test = _jit(self._replica_test, whole_step)
-        compiled = lambda f: tf.function(f, reduce_retracing=True, autograph=False)  # noqa: E731
+        if run_eagerly:
+            compiled = lambda f: f  # noqa: E731
+        else:
+            compiled = lambda f: tf.function(f, reduce_retracing=True, autograph=False)  # noqa: E731
         self.train_function = compiled(self._train_loop)
         self.test_function = compiled(self._test_loop)
         self.predict_function = compiled(self._predict_batch)
@@ -110,32 +130,76 @@ class StepFunctions:
 
     # ----------------------------------------------------------- replica work
     def _objective_terms(self, x, y, sample_weight, training):
+        """Forward pass and this replica's loss terms.
+
+        Returns `(y_pred, objective, weight, stats)`: the replica's local
+        objective `J`, its weight `c` in the global loss (the first loss's
+        count, the number of examples for a model's own `compute_loss`, or a
+        constant for `"sum"` losses) and the statistics vector.
+        """
         y_pred = self.model(x, training=training)
-        numerator, count = self.loss.local_terms(y, y_pred, sample_weight)
-        reg = _regularization(self.model)
-        weight = count if self.loss.normalized else tf.constant(self._sum_weight, tf.float32)
         examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
-        stats = tf.stack([numerator, weight, weight * reg, examples])
-        return y_pred, numerator, count, reg, stats
+        if self.custom_loss:
+            with keras_losses_unscaled():
+                value = self.model._compute_loss(x=x, y=y, y_pred=y_pred,
+                                                 sample_weight=sample_weight, training=training)
+            value = tf.cast(value, tf.float32)
+            stats = tf.stack([value * examples, examples, examples, tf.zeros(()), examples])
+            return y_pred, value, examples, stats
+        reg = _regularization(self.model)
+        if self.loss is None:  # add_loss terms only
+            stats = tf.stack([tf.zeros(()), examples, examples, examples * reg, examples])
+            return y_pred, reg, examples, stats
+        terms = self.loss.local_terms(y, y_pred, sample_weight)
+        self._check_proportional(terms)
+        weights = self.loss.weights
+        if self.normalized:
+            objective = tf.add_n([w * tf.math.divide_no_nan(t.numerator, t.count)
+                                  for w, t in zip(weights, terms)]) + reg
+            weight = terms[0].count
+        else:
+            objective = tf.add_n([w * t.numerator for w, t in zip(weights, terms)]
+                                 ) + self._sum_weight * reg
+            weight = tf.constant(self._sum_weight, tf.float32)
+        stats = tf.stack([t.numerator for t in terms] + [t.count for t in terms]
+                         + [weight, weight * reg, examples])
+        return y_pred, objective, weight, stats
+
+    def _check_proportional(self, terms):
+        """Several losses share one weight per replica; that is exact only when
+        each loss's count is the same multiple of the batch on every replica."""
+        if len(terms) < 2 or self._single or not self.normalized:
+            return
+        for name, term in zip(self.loss.names, terms):
+            if term.kind not in ("size", "one"):
+                reason = ("a Keras mask" if term.kind == "mask" else
+                          "'mean_with_sample_weight' with sample weights")
+                raise ValueError(
+                    f"The compiled loss for output {name!r} divides by a count that "
+                    f"depends on the data ({reason}), and the model has "
+                    f"{len(terms)} compiled losses. Over "
+                    f"{self.strategy.num_replicas_in_sync} replicas x "
+                    f"{self.grad_accum_steps} accumulation steps tfdist reduces several "
+                    "losses over the global batch exactly only when each one's count is "
+                    "proportional to the batch. Ways out: give that loss "
+                    "reduction='sum_over_batch_size' without a mask, or combine the "
+                    "losses in the model's own compute_loss (weighted by examples), or "
+                    "train on one replica.")
 
     def _gradients(self, x, y, sample_weight):
         """Replica computation: gradients of `c * J` (see module docstring)."""
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            y_pred, numerator, count, reg, stats = self._objective_terms(
+            y_pred, objective, weight, stats = self._objective_terms(
                 x, y, sample_weight, training=True)
-            if self.loss.normalized:
-                objective = tf.math.divide_no_nan(numerator, count) + reg
-            else:
-                objective = numerator + self._sum_weight * reg
             scaled = self.optimizer.scale_loss(objective)
         grads = tape.gradient(scaled, variables)
-        if self.loss.normalized and not self._single:
-            grads = [_scale(g, count) for g in grads]
+        if self.normalized and not self._single:
+            grads = [_scale(g, weight) for g in grads]
         return grads, stats, y_pred, tf.nest.map_structure(get_keras_mask, y_pred)
 
     def _loss_terms(self, x, y, sample_weight):
-        y_pred, _, _, _, stats = self._objective_terms(x, y, sample_weight, training=False)
+        y_pred, _, _, stats = self._objective_terms(x, y, sample_weight, training=False)
         return stats, y_pred, tf.nest.map_structure(get_keras_mask, y_pred)
 
     def _predictions(self, x):
@@ -148,26 +212,52 @@ class StepFunctions:
         self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _global_loss(self, totals):
-        """Loss of the global batch from all-reduced `[n, c, c * R]`."""
-        weight = totals[_WEIGHT]
-        reg = tf.math.divide_no_nan(totals[_WEIGHTED_REG], weight)
-        if self.loss.normalized:
-            return tf.math.divide_no_nan(totals[_NUMERATOR], weight) + reg, weight
-        return totals[_NUMERATOR] + reg, tf.constant(1.0, tf.float32)
+        """Loss of the global batch from all-reduced statistics.
+
+        Returns `(loss, divisor, per_loss)`: the total (weighted losses plus
+        regularisation), what the summed gradients are divided by, and each
+        compiled loss's own global value (unweighted, as Keras logs it).
+        """
+        k = self._losses
+        weight = totals[self._weight_index]
+        reg = tf.math.divide_no_nan(totals[self._reg_index], weight)
+        numerators, counts = totals[:k], totals[k:2 * k]
+        weights = [1.0] * k if self.loss is None or self.custom_loss else self.loss.weights
+        if self.normalized:
+            per_loss = [tf.math.divide_no_nan(numerators[i], counts[i]) for i in range(k)]
+            divisor = weight
+        else:
+            per_loss = [numerators[i] for i in range(k)]
+            divisor = tf.constant(1.0, tf.float32)
+        total = tf.add_n([w * value for w, value in zip(weights, per_loss)]) + reg
+        return total, divisor, per_loss
+
+    def _record_loss(self, totals, examples):
+        """Records the global loss (and each compiled loss's) in the model's trackers."""
+        loss_value, _, per_loss = self._global_loss(totals)
+        self.model._loss_tracker.update_state(loss_value, sample_weight=examples)
+        if self.loss is not None and not self.custom_loss:
+            # Keras weighs each batch's `<output>_loss` equally (its weight is the
+            # batch's static size, None for a dataset that keeps its last batch),
+            # so one-device Keras logs the plain mean over batches: so does tfdist.
+            for tracker, value in zip(self.loss.trackers, per_loss):
+                tracker.update_state(value)
 
     def _reduce_and_apply(self, grads, stats):
         """All-reduce, normalise, clip and apply; records the loss."""
         variables = self.model.trainable_variables
+        examples_index = self._examples_index
         present = [i for i, g in enumerate(grads) if g is not None]
         if self._single:
-            reduced = [grads[i] for i in present] + [stats[:_EXAMPLES]]
+            reduced = [grads[i] for i in present] + [stats[:examples_index]]
         else:
             reduced = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, [grads[i] for i in present] + [stats[:_EXAMPLES]])
+                tf.distribute.ReduceOp.SUM,
+                [grads[i] for i in present] + [stats[:examples_index]])
         totals = reduced[-1]
-        loss_value, divisor = self._global_loss(totals)
+        _, divisor, _ = self._global_loss(totals)
         summed = reduced[:-1]
-        if self.loss.normalized and not self._single:
+        if self.normalized and not self._single:
             summed = [_divide(g, divisor) for g in summed]
         if self.clip_norm is not None:
             summed, _ = tf.clip_by_global_norm(summed, self.clip_norm * loss_scale(self.optimizer))
@@ -175,7 +265,7 @@ class StepFunctions:
         for i, g in zip(present, summed):
             full[i] = g
         self.optimizer.apply(full, variables)
-        self.model._loss_tracker.update_state(loss_value, sample_weight=stats[_EXAMPLES])
+        self._record_loss(totals, stats[examples_index])
 
     def _replica_train(self, data):
         x, y, sample_weight = unpack(data, need_targets=True)
@@ -198,12 +288,11 @@ class StepFunctions:
         x, y, sample_weight = unpack(data, need_targets=True)
         stats, y_pred, mask = self._compute_loss_terms(x, y, sample_weight)
         self._update_metrics(x, y, y_pred, mask, sample_weight)
-        totals = stats[:_EXAMPLES]
+        totals = stats[:self._examples_index]
         if not self._single:
             totals = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, totals)
-        loss_value, _ = self._global_loss(totals)
-        self.model._loss_tracker.update_state(loss_value, sample_weight=stats[_EXAMPLES])
+        self._record_loss(totals, stats[self._examples_index])
 
     def _replica_predict(self, data):
         x, _, _ = unpack(data, need_targets=False)
@@ -242,27 +331,9 @@ class StepFunctions:
         return done, self._metric_results()
 
     def _metric_results(self):
-        """`model.get_metrics_result()` over all replicas, with one all-reduce.
-
-        Reading each SyncOnRead metric variable in cross-replica context costs
-        one reduction per variable (a collective per variable across workers);
-        here all of them are summed in one batch and the results computed
-        from the sums with `keras.StatelessScope`.
-        """
-        variables = self.model.metrics_variables
-        summable = all(v.aggregation == "sum" and "float" in str(v.dtype) for v in variables)
-        if self._single or not variables or not summable:
+        if self._single:
             return self.model.get_metrics_result()
-
-        def replica_results():
-            sums = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, [tf.identity(v.value) for v in variables])
-            with keras.StatelessScope(state_mapping=list(zip(variables, sums))):
-                return self.model.get_metrics_result()
-
-        results = self.strategy.run(replica_results)
-        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
-                                     results)
+        return global_metric_results(self.model, self.strategy)
 
     def _train_loop(self, iterator, num_steps):
         with gradients_already_summed(self.optimizer):

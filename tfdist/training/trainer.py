@@ -12,9 +12,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.training.callback_list import make_callback_list
-from tfdist.training.inputs import distribute, per_replica_spec, unpack
-from tfdist.training.loss import GlobalLoss
+from tfdist.training.compiled import check_hooks, compile_model
+from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_spec,
+                                    training_inputs, unpack)
+from tfdist.training.loss import GlobalCompileLoss
+from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import check_optimizer, variables_outside_scope
+from tfdist.training.own_step import OwnStepFunctions
 from tfdist.training.step import StepFunctions
 
 FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
@@ -204,15 +208,24 @@ class FitPosition:
 
 
 class Trainer:
-    """Trains a Keras 3 model with a distributed step that tfdist owns.
+    """Trains a compiled Keras 3 model with a distributed step that tfdist owns.
+
+    The model's `compile()` is the source of truth: its optimizer, loss (one,
+    or one per output as a list, dict or nested structure, with
+    `loss_weights`), `metrics` and `weighted_metrics` per output,
+    `steps_per_execution`, `jit_compile` and `run_eagerly` are all honoured,
+    and `fit`, `evaluate` and `predict` take Keras's arguments (numpy arrays
+    with `batch_size`, `validation_split`, `class_weight`, `sample_weight`,
+    or datasets). Moving a Keras program onto tfdist is one line:
+    `model.fit(...)` becomes `Trainer(model).fit(...)`.
 
     Works the same under the default strategy, `OneDeviceStrategy`,
     `MirroredStrategy` (N devices) and `MultiWorkerMirroredStrategy` (N
     processes), where Keras 3's own `fit` fails or silently differs:
 
-    * the loss is reduced over the *global* batch exactly as one device would
-      (masks, sample weights, short last batches included) and regularisation
-      losses count once;
+    * each compiled loss is reduced over the *global* batch exactly as one
+      device would (masks, sample weights, short last batches included) and
+      regularisation losses count once;
     * gradients are summed across replicas exactly once, then clipped by their
       global norm (`clip_norm`), then applied;
     * `jit_compile=True` compiles the per-replica forward/loss/backward with
@@ -223,78 +236,88 @@ class Trainer:
       one step on the K-times larger batch; `optimizer.iterations` (and so any
       learning-rate schedule) counts optimizer steps;
     * `steps_per_execution=S` runs S steps per compiled call;
-    * metrics and logged losses are global on every worker; standard Keras
-      callbacks work; only the chief shows a progress bar.
+    * metrics and logged losses (also each output's `<name>_loss`) are global
+      on every worker; standard Keras callbacks work (made chief-safe under
+      several workers); only the chief shows a progress bar.
 
-    The model and optimizer must be created inside `strategy.scope()`. The
-    trainer calls `model.compile(optimizer, loss, metrics)` (inside the scope)
-    so that `model.optimizer`, `model.save` and callbacks behave as in Keras.
+    A model's own `compute_loss` is used by the engine, and a model's own
+    `train_step` / `test_step` / `predict_step` runs under the strategy as
+    in Keras's `fit` (see `tfdist.training.model_hooks`).
+
+    The model (and its optimizer) must be created and compiled inside
+    `strategy.scope()`. Arguments given here override the matching
+    `compile()` argument (the model is compiled again with them, inside the
+    scope); the others keep their compiled value. A model that was never
+    compiled needs at least `optimizer` (and `loss`, unless it overrides
+    `compute_loss` or `train_step`).
 
     Args:
-        model: a `keras.Model` created inside `strategy.scope()` (it may be
-            unbuilt; it is then built inside the scope from the data).
-        optimizer: a Keras 3 optimizer created inside `strategy.scope()`.
-            Its `clipnorm` / `global_clipnorm` / `clipvalue` act on the
-            global gradient; `gradient_accumulation_steps` is refused (use
-            `grad_accum_steps`).
-        loss: one Keras loss (instance, name, or `fn(y_true, y_pred)`) for
-            the model's output (structure). Reduction `"sum_over_batch_size"`,
+        model: a `keras.Model` created inside `strategy.scope()`, usually
+            compiled (it may be unbuilt; it is then built inside the scope
+            from the data).
+        optimizer, loss, metrics, loss_weights, weighted_metrics: as in
+            `keras.Model.compile`; None keeps the compiled value. The
+            optimizer's `clipnorm` / `global_clipnorm` / `clipvalue` act on
+            the global gradient; its `gradient_accumulation_steps` is refused
+            (use `grad_accum_steps`). Loss reductions: `"sum_over_batch_size"`,
             `"mean"`, `"mean_with_sample_weight"` or `"sum"`.
-        metrics: metrics as in `keras.Model.compile` (evaluated without
-            sample weights).
-        weighted_metrics: metrics weighted by `sample_weight`.
-        strategy: the `tf.distribute.Strategy`; default: the strategy whose
-            scope is active, else the default strategy.
-        jit_compile: compile the per-replica computation with XLA.
+        strategy: the `tf.distribute.Strategy`; default: the strategy the
+            model was created under (else the active one, else the default).
+        jit_compile: compile the per-replica computation with XLA (True /
+            False); None keeps the compiled value.
         grad_accum_steps: batches per optimizer step, an integer >= 1.
         clip_norm: clip the summed gradient to this global norm (float > 0),
             or None.
-        steps_per_execution: steps per compiled call, an integer >= 1.
+        steps_per_execution: steps per compiled call, an integer >= 1; None
+            keeps the compiled value.
 
     Example:
 
     >>> strategy = tf.distribute.MirroredStrategy()
     >>> with strategy.scope():
     ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    ...     optimizer = keras.optimizers.SGD(0.1)
-    >>> trainer = Trainer(model, optimizer, "mse", strategy=strategy, clip_norm=1.0)
-    >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(64)  # global batch
-    >>> history = trainer.fit(ds, epochs=2)
+    ...     model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    >>> history = Trainer(model).fit(x, y, batch_size=64, epochs=2, validation_split=0.1)
     """
 
-    def __init__(self, model, optimizer, loss, metrics=None, *, weighted_metrics=None,
-                 strategy=None, jit_compile=False, grad_accum_steps=1, clip_norm=None,
-                 steps_per_execution=1):
-        self.strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
+                 weighted_metrics=None, strategy=None, jit_compile=None, grad_accum_steps=1,
+                 clip_norm=None, steps_per_execution=None):
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model must be a keras.Model, got {type(model).__name__}.")
+        self.strategy = strategy if strategy is not None else _model_strategy(model)
         if not isinstance(self.strategy, tf.distribute.Strategy):
             raise TypeError(
                 f"strategy must be a tf.distribute.Strategy (e.g. MirroredStrategy, "
                 f"MultiWorkerMirroredStrategy, OneDeviceStrategy) or None, got "
                 f"{strategy!r}.")
-        if not isinstance(model, keras.Model):
-            raise TypeError(f"model must be a keras.Model, got {type(model).__name__}.")
         _check_positive_int("grad_accum_steps", grad_accum_steps)
-        _check_positive_int("steps_per_execution", steps_per_execution)
+        if steps_per_execution is not None:
+            _check_positive_int("steps_per_execution", steps_per_execution)
         if clip_norm is not None and not (isinstance(clip_norm, (int, float))
                                           and not isinstance(clip_norm, bool) and clip_norm > 0):
             raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}.")
-        if not isinstance(jit_compile, bool):
-            raise ValueError(f"jit_compile must be True or False, got {jit_compile!r}.")
+        if jit_compile is not None and not isinstance(jit_compile, bool):
+            raise ValueError(f"jit_compile must be True, False or None, got {jit_compile!r}.")
         _check_model_in_scope(model, self.strategy)
-        check_optimizer(optimizer, self.strategy, clip_norm)
+        settings = compile_model(model, self.strategy, optimizer=optimizer, loss=loss,
+                                 metrics=metrics, loss_weights=loss_weights,
+                                 weighted_metrics=weighted_metrics)
         self.model = model
-        self.global_loss = GlobalLoss(loss)
-        self.jit_compile = jit_compile
+        self.hooks = own_hooks(model)
+        self.jit_compile = settings.jit_compile if jit_compile is None else jit_compile
+        self.steps_per_execution = (settings.steps_per_execution if steps_per_execution is None
+                                    else steps_per_execution)
+        self.run_eagerly = settings.run_eagerly
         self.grad_accum_steps = grad_accum_steps
         self.clip_norm = None if clip_norm is None else float(clip_norm)
-        self.steps_per_execution = steps_per_execution
-        single_output = len(getattr(model, "outputs", None) or [None]) == 1
-        with self.strategy.scope():
-            model.compile(optimizer=optimizer,
-                          loss=self.global_loss.loss if single_output else None,
-                          metrics=metrics, weighted_metrics=weighted_metrics,
-                          jit_compile=False)
+        check_hooks(model, self.hooks, self.strategy, jit_compile=self.jit_compile,
+                    run_eagerly=self.run_eagerly, grad_accum_steps=grad_accum_steps,
+                    clip_norm=self.clip_norm)
+        if "train_step" not in self.hooks:
+            check_optimizer(model.optimizer, self.strategy, self.clip_norm)
         self._steps = None
+        self._predict_steps = None
 
     @property
     def optimizer(self):
@@ -303,46 +326,73 @@ class Trainer:
         return self.model.optimizer
 
     # ------------------------------------------------------------------ API
-    def fit(self, x, epochs=1, steps_per_epoch=None, validation_data=None,
-            validation_steps=None, callbacks=None, verbose="auto", initial_epoch=0):
-        """Trains the model.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+            validation_batch_size=None, validation_freq=1):
+        """Trains the model; the arguments are those of `keras.Model.fit`.
 
         Args:
-            x: training data: a `tf.data.Dataset` batched with the global
-                batch size, a function `input_context -> tf.data.Dataset`
-                batched per replica, or a `tf.distribute.DistributedDataset`;
-                elements `(x, y)` or `(x, y, sample_weight)`.
+            x: training data: numpy arrays (or a list / dict of them, like
+                the model's inputs) with `y`; a `tf.data.Dataset` batched
+                with the global batch size; a function
+                `input_context -> tf.data.Dataset` batched per replica; or a
+                `tf.distribute.DistributedDataset`. Dataset elements are
+                `(x, y)` or `(x, y, sample_weight)`.
+            y: targets for array `x` (arrays, or a list / dict per output).
+            batch_size: the *global* batch size for array inputs (default
+                32, as in Keras); each replica of each worker gets its share
+                of every batch, so every example is used once per epoch
+                across the cluster. Not allowed with datasets.
             epochs: train until this epoch index (exclusive).
-            steps_per_epoch: batches per epoch (micro-batches when
-                accumulating). None: until the data is exhausted (a fresh pass
-                every epoch). Set it for repeated (infinite) datasets; the
-                iterator then continues across epochs.
-            validation_data: optional data for evaluation at each epoch end;
-                its results are logged as `val_<name>`.
-            validation_steps: batches of validation data per evaluation
-                (None: all).
-            callbacks: list of `keras.callbacks.Callback`.
             verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
+            callbacks: list of `keras.callbacks.Callback`.
+            validation_split: fraction (0 <= f < 1) of the array rows, taken
+                from the end before shuffling, held out for validation.
+            validation_data: `(x_val, y_val)` / `(x_val, y_val, sw_val)`
+                arrays, or a dataset (same forms as `x`), evaluated at epoch
+                ends; results are logged as `val_<name>`.
+            shuffle: for array inputs: True (a new order every epoch, the
+                same on every worker), False, or `"batch"`. Datasets keep
+                their own order (shuffle them in the pipeline), as in Keras.
+            class_weight: `{class index: weight}`, applied as per-example
+                weights (arrays or a `tf.data.Dataset`; single output).
+            sample_weight: per-example weights for array inputs.
             initial_epoch: epoch index to start from (a `BackupAndRestore`
                 callback may move it forward). A callback can also start
                 training mid-epoch through the `FitPosition` published on
                 the model during `fit` (see `FitPosition`;
                 `tfdist.callbacks.backup.BackupAndResume` does this).
+            steps_per_epoch: batches per epoch (micro-batches when
+                accumulating). None: until the data is exhausted (a fresh pass
+                every epoch). Set it for repeated (infinite) datasets; the
+                iterator then continues across epochs.
+            validation_steps: batches of validation data per evaluation
+                (None: all).
+            validation_batch_size: global batch size of array
+                `validation_data` (default: `batch_size`).
+            validation_freq: validate every this many epochs (an int >= 1).
 
         Returns:
             The `keras.callbacks.History` of the run (also `model.history`).
 
         Example:
 
-        >>> history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+        >>> history = trainer.fit(x, y, batch_size=64, epochs=3, validation_split=0.2,
+        ...                       class_weight={0: 1.0, 1: 3.0})
         >>> history.history["loss"], history.history["val_loss"]
         """
         _check_positive_int("epochs", epochs, allow_zero=True)
         if steps_per_epoch is not None:
             _check_positive_int("steps_per_epoch", steps_per_epoch)
-        data = distribute(self.strategy, x, "x")
-        val_data = (None if validation_data is None
-                    else distribute(self.strategy, validation_data, "validation_data"))
+        _check_positive_int("validation_freq", validation_freq)
+        train, validation = training_inputs(
+            self.strategy, x, y, batch_size=batch_size, sample_weight=sample_weight,
+            class_weight=class_weight, shuffle=shuffle, validation_split=validation_split,
+            validation_data=validation_data, validation_batch_size=validation_batch_size)
+        data = distribute(self.strategy, train, "x")
+        val_data = (None if validation is None
+                    else distribute(self.strategy, validation, "validation_data"))
         steps = self._prepare(data, need_targets=True)
         if val_data is not None:
             self._prepare(val_data, need_targets=True)
@@ -356,24 +406,28 @@ class Trainer:
         try:
             training_logs, initial_epoch = self._fit_epochs(
                 data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                callback_list, initial_epoch, position)
+                validation_freq, callback_list, initial_epoch, position)
         finally:
             setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
-        if epochs > initial_epoch:
+        if epochs > initial_epoch and self.optimizer is not None:
             # Copies moving averages into the model when the optimizer keeps them.
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
         callback_list.on_train_end(logs=training_logs)
         return getattr(self.model, "history", None)
 
-    def evaluate(self, x, steps=None, callbacks=None, return_dict=False, verbose="auto"):
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False):
         """Computes the loss and metrics on `x`, identical to one device.
 
         Args:
             x: evaluation data, same forms as `fit`'s `x`.
+            y: targets for array `x`.
+            batch_size: global batch size for array inputs (default 32).
+            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
+            sample_weight: per-example weights for array inputs.
             steps: number of batches (None: until the data is exhausted).
             callbacks: list of `keras.callbacks.Callback`.
             return_dict: return `{name: value}` instead of a list.
-            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
 
         Returns:
             The loss (a float) when there are no metrics, else a list
@@ -381,12 +435,13 @@ class Trainer:
 
         Example:
 
-        >>> trainer.evaluate(test_ds, return_dict=True)
+        >>> trainer.evaluate(x_test, y_test, batch_size=128, return_dict=True)
         {'loss': 0.31, 'accuracy': 0.9}
         """
         if steps is not None:
             _check_positive_int("steps", steps)
-        data = distribute(self.strategy, x, "x")
+        data = distribute(self.strategy, evaluation_inputs(
+            x, y, batch_size=batch_size, sample_weight=sample_weight), "x")
         self._prepare(data, need_targets=True)
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
@@ -397,7 +452,7 @@ class Trainer:
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
-    def predict(self, x, steps=None, callbacks=None, verbose="auto"):
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Runs the model in inference mode and returns numpy outputs in input order.
 
         Outputs of all replicas and workers are gathered, so every worker
@@ -406,22 +461,25 @@ class Trainer:
         does not split evenly across replicas.
 
         Args:
-            x: input data, same forms as `fit`'s `x`; elements `x`, `(x,)`,
-                `(x, y)` or `(x, y, sample_weight)` (targets are ignored).
+            x: input data: arrays (like the model's inputs) or the same forms
+                as `fit`'s `x`; dataset elements `x`, `(x,)`, `(x, y)` or
+                `(x, y, sample_weight)` (targets are ignored).
+            batch_size: global batch size for array inputs (default 32).
+            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
             steps: number of batches (None: until the data is exhausted).
             callbacks: list of `keras.callbacks.Callback`.
-            verbose: `"auto"`, 0, 1 or 2 (progress bar on the chief only).
 
         Returns:
             A numpy array (or a structure of them, like the model's outputs).
 
         Example:
 
-        >>> predictions = trainer.predict(tf.data.Dataset.from_tensor_slices(x).batch(32))
+        >>> predictions = trainer.predict(x_test, batch_size=256)
         """
         if steps is not None:
             _check_positive_int("steps", steps)
-        data = distribute(self.strategy, x, "x")
+        data = distribute(self.strategy, evaluation_inputs(x, None, batch_size=batch_size,
+                                                           sample_weight=None), "x")
         step_functions = self._prepare(data, need_targets=False)
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
@@ -443,7 +501,7 @@ class Trainer:
 
     # ------------------------------------------------------------- the loop
     def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                    callback_list, initial_epoch, position):
+                    validation_freq, callback_list, initial_epoch, position):
         """The epoch loop of `fit`; returns `(last epoch logs, first epoch run)`."""
         callback_list.on_train_begin()
         requested = position.requested
@@ -482,7 +540,7 @@ class Trainer:
             position.epoch_finished = True
             position.iterator_continues = iterator is not None and steps_per_epoch is not None
             epoch_logs = dict(logs if logs is not None else self._metric_logs())
-            if val_data is not None:
+            if val_data is not None and (epoch + 1) % validation_freq == 0:
                 val_logs = self._evaluate_data(val_data, validation_steps, callback_list)
                 epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
             learning_rate = _current_learning_rate(self.optimizer)
@@ -579,15 +637,38 @@ class Trainer:
                 x_spec = keras.utils.unpack_x_y_sample_weight(spec)[0]
                 self.model(tf.nest.map_structure(
                     lambda s: keras.KerasTensor(s.shape, s.dtype.name), x_spec))
-            if not self.optimizer.built:
+            if self.optimizer is not None and not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
         _check_model_in_scope(self.model, self.strategy)
+        compile_loss = self.model._compile_loss
+        if self._steps is None and compile_loss is not None and not compile_loss.built:
+            # predict() before any fit/evaluate: the compiled loss is only
+            # built from targets, and prediction does not need it.
+            if self._predict_steps is None:
+                self._predict_steps = self._step_functions(with_loss=False)
+            return self._predict_steps
         if self._steps is None:
-            self._steps = StepFunctions(
-                self.model, self.optimizer, self.global_loss, self.strategy,
-                jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
-                clip_norm=self.clip_norm)
+            self._steps = self._step_functions()
         return self._steps
+
+    def _step_functions(self, with_loss=True):
+        """The engine's step functions, with the model's own steps where it has them."""
+        compile_loss = self.model._compile_loss if with_loss else None
+        engine = StepFunctions(
+            self.model, self.optimizer,
+            GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
+            self.strategy, jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
+            clip_norm=self.clip_norm, custom_loss="compute_loss" in self.hooks,
+            run_eagerly=self.run_eagerly)
+        own = [hook for hook in ("train_step", "test_step", "predict_step") if hook in self.hooks]
+        if not own:
+            return engine
+        model_steps = OwnStepFunctions(self.model, self.strategy, jit_compile=self.jit_compile,
+                                       run_eagerly=self.run_eagerly)
+        for hook in own:
+            function = hook.replace("_step", "_function")
+            setattr(engine, function, getattr(model_steps, function))
+        return engine
 
 
 def _check_positive_int(name, value, allow_zero=False):
@@ -606,6 +687,12 @@ def _check_model_in_scope(model, strategy):
             f"{' ...' if len(outside) > 5 else ''} are not distributed by it. Create "
             "and build the model inside `with strategy.scope():` (the same strategy "
             "you give the Trainer), or pass strategy= the strategy it was built under.")
+
+
+def _model_strategy(model):
+    """The strategy the model was created under, else the active one."""
+    strategy = getattr(model, "_distribute_strategy", None)
+    return strategy if strategy is not None else tf.distribute.get_strategy()
 
 
 def _current_learning_rate(optimizer):

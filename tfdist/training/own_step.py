@@ -1,0 +1,156 @@
+"""Running a model's own `train_step` / `test_step` / `predict_step` under a strategy.
+
+A model that overrides these (a GAN, the "customizing what happens in fit"
+pattern) runs its own step, on every replica's slice of the global batch
+(`strategy.run(model.train_step, (batch,))`), as Keras's `fit` does under a
+strategy, with one difference that makes it train like one device: inside
+the step every loss is the replica's own mean (Keras's division of losses by
+the number of replicas is off, see `keras_losses_unscaled`) and every
+optimizer *averages* the replicas' gradients (`gradients_averaged`) instead
+of summing them. So whatever the step computes, `self.compute_loss(...)`, a
+`keras.losses.Loss` or a hand-written `ops.mean`, means what it means on one
+device, and so do the metrics it updates. The average over replicas equals
+the global batch's gradient when every replica gets the same number of
+examples (a global batch size divisible by the number of replicas, or
+`drop_remainder`); for exactness with any batch, leave `train_step` to
+tfdist (override `compute_loss` instead).
+
+Also unlike Keras's `fit`, this works under `MultiWorkerMirroredStrategy`,
+and the logged values of the model's metrics are read across all replicas
+and workers (other values the step returns are averaged over the replicas).
+Each step is one compiled call (it draws its batch and tells whether the
+data ran out, so every worker stops at the same step); `steps_per_execution`
+sets how often callbacks run. XLA compiles the whole step only without
+distribution (the optimizer's cross-replica reduction cannot be inside XLA):
+the trainer refuses `jit_compile=True` otherwise. An optimizer's own
+`clipnorm` acts on each replica's gradient here, as in Keras's `fit`.
+"""
+
+import tensorflow as tf
+
+from tfdist.training.metrics_sync import global_metric_results
+from tfdist.training.model_hooks import keras_losses_unscaled
+from tfdist.training.optimizer import gradients_averaged
+
+
+class OwnStepFunctions:
+    """Train, test and predict functions that call the model's own steps.
+
+    Same interface as `tfdist.training.step.StepFunctions` (`train_function`,
+    `test_function`: `f(iterator, num_steps) -> (steps_run, logs)`;
+    `predict_function`: `f(distributed_batch) -> outputs`); only the hooks
+    the model overrides are used by the trainer.
+
+    Args:
+        model: the compiled, built `keras.Model`.
+        strategy: the `tf.distribute.Strategy`.
+        jit_compile: compile each step with XLA (only without distribution).
+        run_eagerly: run the steps eagerly.
+
+    Example:
+
+    >>> own = OwnStepFunctions(gan, strategy, jit_compile=False, run_eagerly=False)
+    >>> ran, logs = own.train_function(iter(dist_dataset), 10)
+    """
+
+    def __init__(self, model, strategy, *, jit_compile, run_eagerly):
+        self.model = model
+        self.strategy = strategy
+        if run_eagerly:
+            compiled = lambda f: f  # noqa: E731
+        else:
+            compiled = lambda f: tf.function(f, jit_compile=jit_compile or None,  # noqa: E731
+                                             reduce_retracing=True, autograph=False)
+        self._logs_specs = {}
+        self._train_one = compiled(lambda iterator: self._one(model.train_step, iterator))
+        self._test_one = compiled(lambda iterator: self._one(model.test_step, iterator))
+        self._predict_one = compiled(self._predict)
+        self._metric_results = compiled(lambda: global_metric_results(model, strategy))
+
+    def _one(self, step, iterator):
+        """Draws one batch and runs `step` on it; returns `(had_a_batch, logs)`."""
+        optional = iterator.get_next_as_optional()
+        has_value = optional.has_value()
+
+        def run():
+            with keras_losses_unscaled(), gradients_averaged():
+                outputs = self.strategy.run(step, args=(optional.get_value(),))
+            logs = self._reduce_logs(outputs)
+            self._logs_specs[step.__name__] = tf.nest.map_structure(
+                lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
+            return logs
+
+        def nothing():  # traced after `run`, whose logs it mirrors with zeros
+            specs = self._logs_specs.get(step.__name__, {})
+            return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
+
+        return has_value, tf.cond(has_value, run, nothing)
+
+    def _reduce_logs(self, outputs):
+        """The step's logs: metrics read across replicas, other values averaged."""
+        if not isinstance(outputs, dict):
+            return {}
+        metrics = global_metric_results(self.model, self.strategy)
+        logs = {}
+        for name, value in _flatten_logs(outputs).items():
+            if name in metrics:
+                logs[name] = metrics[name]
+            else:
+                logs[name] = tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, value,
+                                                          axis=None), tf.float32)
+        return logs
+
+    def _predict(self, batch):
+        with keras_losses_unscaled():
+            outputs = self.strategy.run(self.model.predict_step, args=(batch,))
+        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
+
+    def _loop(self, one_step, iterator, num_steps):
+        done, logs = 0, None
+        while done < int(num_steps):
+            has_value, step_logs = one_step(iterator)
+            if not bool(has_value):
+                break
+            logs = step_logs
+            done += 1
+        if logs is None:
+            logs = self._metric_results()
+        return done, logs
+
+    def train_function(self, iterator, num_steps):
+        """Runs up to `num_steps` of the model's `train_step`; returns `(steps_run, logs)`.
+
+        Example:
+
+        >>> ran, logs = own.train_function(iterator, 4)
+        """
+        return self._loop(self._train_one, iterator, num_steps)
+
+    def test_function(self, iterator, num_steps):
+        """Runs up to `num_steps` of the model's `test_step`; returns `(steps_run, logs)`.
+
+        Example:
+
+        >>> ran, logs = own.test_function(iter(val_dataset), 10)
+        """
+        return self._loop(self._test_one, iterator, num_steps)
+
+    def predict_function(self, batch):
+        """The model's `predict_step` on one distributed batch, gathered in order.
+
+        Example:
+
+        >>> outputs = own.predict_function(next(iter(dist_dataset)))
+        """
+        return self._predict_one(batch)
+
+
+def _flatten_logs(logs):
+    """Nested dicts of logs (e.g. `CompileMetrics.result()`) merged, as Keras's `fit` does."""
+    flat = {}
+    for name, value in logs.items():
+        if isinstance(value, dict):
+            flat.update(_flatten_logs(value))
+        else:
+            flat[name] = value
+    return flat
