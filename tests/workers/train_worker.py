@@ -8,7 +8,8 @@ the requested phases with `tfdist.training.Trainer` and writes what it saw to
   global-norm clipping, short last batch; final weights and losses.
 * `xla`: the same with `jit_compile=True`.
 * `callbacks`: fit with validation data and standard Keras callbacks
-  (per-rank files), then evaluate and predict.
+  (per-rank paths; tfdist makes them write on the chief only), then evaluate
+  and predict.
 
 Usage: python tests/workers/train_worker.py --out DIR [--phases sgd,xla,callbacks]
 """

@@ -4,23 +4,35 @@ A `keras.callbacks.CallbackList` with the model set (so `ModelCheckpoint`,
 `EarlyStopping`, `ReduceLROnPlateau`, `TensorBoard`... find `self.model`), a
 `History`, and a progress bar (`tfdist.callbacks.progress.ProgressLogger`:
 model metrics in the bar, speed figures with units after it) that only the
-chief shows when several workers train together.
+chief shows when several workers train together. Under a multi-worker
+strategy Keras's file-writing callbacks are made to write once per job
+(`tfdist.callbacks.worker_safe.make_worker_safe`).
 """
 
 import keras
 
 from tfdist.callbacks.progress import ProgressLogger
+from tfdist.callbacks.worker_safe import make_worker_safe
 from tfdist.strategy import is_chief
 
 
 def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, add_history):
     """Returns a `keras.callbacks.CallbackList` for one fit/evaluate/predict run.
 
+    Under a strategy with several workers (`MultiWorkerMirroredStrategy`),
+    the callbacks pass through `make_worker_safe` first: `ModelCheckpoint`,
+    `CSVLogger` and `TensorBoard` run in `ChiefOnly` (only the chief writes
+    their files), and a `keras.callbacks.BackupAndRestore` becomes a
+    `WorkerSafeBackupAndRestore` (every worker restores from `backup_dir`,
+    only the chief writes there); other callbacks are unchanged. With one
+    worker the list is used as given.
+
     Args:
         callbacks: a list of `keras.callbacks.Callback`, a `CallbackList`
-            (returned unchanged), or None.
+            (returned unchanged: it is not made worker-safe), or None.
         model: the `keras.Model` the callbacks see as `self.model`.
-        strategy: the trainer's strategy (decides who shows the progress bar).
+        strategy: the trainer's strategy (decides who shows the progress bar,
+            and whether callbacks are made worker-safe).
         verbose: `"auto"`, 0, 1 or 2, as in Keras; 0 adds no progress bar,
             and neither do non-chief workers.
         epochs: number of epochs (a callback parameter).
@@ -28,7 +40,9 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
         add_history: add a `keras.callbacks.History` (for `fit`).
 
     Raises:
-        ValueError: `verbose` is not one of the allowed values.
+        ValueError: `verbose` is not one of the allowed values, or a
+            `BackupAndRestore` cannot be made worker-safe (see
+            `make_worker_safe`).
 
     Example:
 
@@ -41,7 +55,7 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
         raise ValueError(f"verbose must be one of 'auto', 0, 1, 2; got {verbose!r}.")
     if not is_chief(strategy):
         verbose = 0
-    callbacks = list(callbacks or [])
+    callbacks = make_worker_safe(callbacks, strategy)
     if verbose != 0 and not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
         callbacks.append(ProgressLogger())
     return keras.callbacks.CallbackList(
