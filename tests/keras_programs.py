@@ -175,6 +175,34 @@ PROGRAMS = {
 }
 
 
+class TargetMoments(keras.metrics.Metric):
+    """Sums y and y**2 over the targets seen: equal to the data's sums only when
+    every example was used exactly once (a missing or repeated row changes them)."""
+
+    def __init__(self, name="targets", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.squares = self.add_variable((), initializer="zeros", name="squares")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = ops.cast(y_true, "float32")
+        self.total.assign_add(ops.sum(y_true))
+        self.squares.assign_add(ops.sum(ops.square(y_true)))
+
+    def result(self):
+        return {"targets_sum": self.total, "targets_squares": self.squares}
+
+
+def shuffled_rows(strategy=None, rows=37):
+    """Shuffled arrays (a partial last batch): which rows each epoch used."""
+    with _scope(strategy):
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        _initialise(model, seed=13)
+        model.compile(keras.optimizers.SGD(0.01), "mse", metrics=[TargetMoments()])
+    x = np.arange(rows, dtype="float32")[:, None]
+    return model, dict(x=x, y=x + 1.0, batch_size=8, epochs=2, shuffle=True)
+
+
 # ------------------------------------------------------------------ running
 def keras_fit(name, **options):
     """One-device Keras `fit` of program `name`; returns `(weights, history)`."""

@@ -1,0 +1,71 @@
+"""The Keras programs of tests/keras_programs.py, on 2 worker processes
+(MultiWorkerMirroredStrategy through tfdist.launch), train exactly like
+one-device Keras `fit`; evaluate and predict work after training.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_programs as programs
+from mw import launch
+from workers import train_common as common
+
+pytestmark = pytest.mark.multiworker
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
+                      "keras_program_worker.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("keras_programs_mw")
+    result = launch([WORKER, "--out", str(out)], workers=2, timeout=400, startup_timeout=180)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "worker 0 done" in result.stdout and "worker 1 done" in result.stdout
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(programs.PROGRAMS))
+def test_two_workers_train_like_one_device_keras_fit(run, name):
+    expected_model, arguments = programs.PROGRAMS[name]()
+    expected = expected_model.fit(verbose=0, **arguments).history
+    expected_weights = [np.array(w) for w in expected_model.get_weights()]
+    for r in (0, 1):
+        with open(run / f"rank{r}_{name}.json") as f:
+            seen = json.load(f)
+        weights = common.load_weights(run / f"rank{r}_{name}.npz")
+        programs.assert_same_training((weights, seen["history"]), (expected_weights, expected))
+        evaluation = expected_model.evaluate(arguments["x"], arguments["y"],
+                                             batch_size=arguments["batch_size"],
+                                             return_dict=True, verbose=0)
+        for key, value in evaluation.items():
+            assert seen["evaluation"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        predictions = expected_model.predict(arguments["x"], batch_size=arguments["batch_size"],
+                                             verbose=0)
+        first = np.asarray(tf.nest.flatten(predictions)[0])
+        assert seen["predictions_rows"] == programs.ROWS
+        assert seen["predictions_sum"] == pytest.approx(float(np.sum(first)), rel=1e-5, abs=1e-5)
+
+
+def test_shuffled_arrays_use_every_row_once_per_epoch_across_the_workers(run):
+    model, arguments = programs.shuffled_rows()
+    y = arguments["y"][:, 0]
+    for r in (0, 1):
+        with open(run / f"rank{r}_shuffled.json") as f:
+            history = json.load(f)
+        assert history["targets_sum"] == pytest.approx([float(np.sum(y))] * 2, rel=1e-6)
+        assert history["targets_squares"] == pytest.approx([float(np.sum(y ** 2))] * 2,
+                                                           rel=1e-6)
+
+
+def test_run_eagerly_and_python_generators_are_refused_with_the_way_out(run):
+    for r in (0, 1):
+        with open(run / f"rank{r}_refusals.json") as f:
+            messages = json.load(f)
+        assert "run_eagerly=True" in messages["run_eagerly"]
+        assert "Compile with run_eagerly=False" in messages["run_eagerly"]
+        assert "generator, which every worker would read in full" in messages["generator"]
