@@ -1,16 +1,18 @@
 """tfdist.training: the distributed training engine.
 
-`Trainer` fits, evaluates and predicts a Keras 3 model under any
+`Trainer` fits, evaluates and predicts a compiled Keras 3 model under any
 `tf.distribute` strategy with a step that tfdist owns (global loss reduction,
 one gradient all-reduce, global-norm clipping, XLA per replica, loss scaling,
-gradient accumulation, several steps per call) and standard Keras callbacks.
+gradient accumulation, several steps per call), Keras's `fit` arguments and
+standard Keras callbacks.
 
 Example:
 
 >>> from tfdist.training import Trainer
->>> trainer = Trainer(model, optimizer, "sparse_categorical_crossentropy",
-...                   metrics=["accuracy"], strategy=strategy, jit_compile=True)
->>> trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+>>> with strategy.scope():
+...     model = make_model()
+...     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+>>> Trainer(model).fit(x, y, batch_size=64, epochs=3, validation_split=0.1)
 """
 
 from tfdist.training.accumulate import GradientAccumulator

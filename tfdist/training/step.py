@@ -26,6 +26,16 @@ K-times larger batch and advances `optimizer.iterations` by one.
 
 For `"sum"` losses the divisor is 1, `J = n + R / (K * N)` and the gradients
 are not multiplied by `c`.
+
+Several compiled losses (one per output, `loss_weights` w_k): each has its
+own numerator and count, all carried in the statistics, and the replica
+objective is `J = sum_k w_k n_k / c_k + R` with the weight `c = c_1`. That is
+exactly the global `sum_k w_k N_k / C_k` when every loss's count is the same
+multiple of the batch on every replica (no mask, no sample-weighted mean);
+otherwise, with more than one replica or accumulation step, the step refuses
+the model with an error naming the loss. A model's own `compute_loss` gives
+the replica's mean loss `L`, weighted by its number of examples (`n = L * e`,
+`c = e`).
 """
 
 import tensorflow as tf
