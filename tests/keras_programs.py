@@ -165,6 +165,57 @@ def custom_train_step(strategy=None):
     return model, dict(x=_features(), y=y, batch_size=14, epochs=2, shuffle=False)
 
 
+class GAN(keras.Model):
+    """Keras's GAN guide in miniature: own compile, two optimizers, fit on x only."""
+
+    def __init__(self, discriminator, generator, latent_dim):
+        super().__init__()
+        self.discriminator, self.generator, self.latent_dim = discriminator, generator, latent_dim
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def train_step(self, real):
+        batch = ops.shape(real)[0]
+        noise = tf.random.normal((batch, self.latent_dim))
+        images = ops.concatenate([self.generator(noise), real], axis=0)
+        labels = ops.concatenate([ops.ones((batch, 1)), ops.zeros((batch, 1))], axis=0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(images))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply(grads, self.discriminator.trainable_weights)
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(ops.zeros((batch, 1)), self.discriminator(self.generator(noise)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply(grads, self.generator.trainable_weights)
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def gan(strategy=None, build_optimizers=True):
+    """A GAN as the Keras guide writes it (its optimizers built up front when asked)."""
+    with _scope(strategy):
+        discriminator = keras.Sequential([keras.Input((FEATURES,)),
+                                          keras.layers.Dense(8, activation="relu"),
+                                          keras.layers.Dense(1)])
+        generator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(FEATURES)])
+        model = GAN(discriminator, generator, 3)
+        model.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3),
+                      keras.losses.BinaryCrossentropy(from_logits=True))
+        if build_optimizers:
+            model.d_optimizer.build(discriminator.trainable_variables)
+            model.g_optimizer.build(generator.trainable_variables)
+    return model, dict(x=_features(), batch_size=BATCH, epochs=2)
+
+
 PROGRAMS = {
     "two_outputs": two_outputs,
     "list_outputs": list_outputs,

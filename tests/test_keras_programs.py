@@ -170,3 +170,48 @@ def test_shuffled_arrays_use_every_row_once_per_epoch_on_two_replicas():
     y = arguments["y"][:, 0]
     assert history["targets_sum"] == pytest.approx([float(np.sum(y))] * 2, rel=1e-6)
     assert history["targets_squares"] == pytest.approx([float(np.sum(y ** 2))] * 2, rel=1e-6)
+
+
+def test_a_model_without_any_loss_is_refused_when_training_starts():
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="No loss to compute.*Pass loss= to model.compile"):
+        Trainer(model).fit(np.ones((4, 3), "float32"), np.ones((4, 1), "float32"),
+                           batch_size=4, verbose=0)
+
+
+def test_add_loss_only_trains_like_keras_fit():
+    def build(strategy=None):
+        with programs._scope(strategy):
+            features = keras.Input((programs.FEATURES,))
+            output = keras.layers.Dense(2)(features)
+            output = keras.layers.ActivityRegularization(l1=0.05, l2=0.1)(output)  # add_loss
+            model = keras.Model(features, output)
+            programs._initialise(model)
+            model.compile(keras.optimizers.SGD(0.1))
+        return model
+
+    x = programs._features()
+    expected = build()
+    expected.fit(x, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    model = build(mirrored(2))
+    Trainer(model).fit(x, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), expected.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gan_trains_on_x_only_with_its_own_compile_and_optimizers():
+    model, arguments = programs.gan(mirrored(2))
+    before = [np.array(w) for w in model.generator.get_weights()]
+    history = Trainer(model).fit(verbose=0, **arguments).history
+    assert set(history) >= {"d_loss", "g_loss"} and len(history["d_loss"]) == 2
+    assert all(np.isfinite(history["d_loss"] + history["g_loss"]))
+    assert any(np.any(a != b) for a, b in zip(model.generator.get_weights(), before))
+
+
+def test_a_gan_whose_optimizers_are_not_built_is_refused_with_the_way_out():
+    model, arguments = programs.gan(mirrored(2), build_optimizers=False)
+    with pytest.raises(ValueError, match=r"d_optimizer, g_optimizer.*build it first"):
+        Trainer(model).fit(verbose=0, **arguments)

@@ -88,8 +88,8 @@ def unpack(data, need_targets, argument="x"):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     if need_targets and y is None:
         raise ValueError(
-            f"The elements of {argument} have no targets: training and evaluation "
-            "need (x, y) or (x, y, sample_weight) elements."
+            f"The elements of {argument} have no targets, which the compiled loss "
+            "needs: give (x, y) or (x, y, sample_weight) elements (for arrays, pass y)."
         )
     return x, y, sample_weight
 

@@ -18,9 +18,9 @@ tfdist (override `compute_loss` instead).
 Also unlike Keras's `fit`, this works under `MultiWorkerMirroredStrategy`,
 and the logged values of the model's metrics are read across all replicas
 and workers (other values the step returns are averaged over the replicas).
-Each step is one compiled call (it draws its batch and tells whether the
-data ran out, so every worker stops at the same step); `steps_per_execution`
-sets how often callbacks run. XLA compiles the whole step only without
+Each step is one compiled call, its batch drawn just before it (the end of
+the data is agreed by every worker); `steps_per_execution` sets how often
+callbacks run. XLA compiles the whole step only without
 distribution (the optimizer's cross-replica reduction cannot be inside XLA):
 the trainer refuses `jit_compile=True` otherwise. An optimizer's own
 `clipnorm` acts on each replica's gradient here, as in Keras's `fit`.
@@ -61,30 +61,15 @@ class OwnStepFunctions:
         else:
             compiled = lambda f: tf.function(f, jit_compile=jit_compile or None,  # noqa: E731
                                              reduce_retracing=True, autograph=False)
-        self._logs_specs = {}
-        self._train_one = compiled(lambda iterator: self._one(model.train_step, iterator))
-        self._test_one = compiled(lambda iterator: self._one(model.test_step, iterator))
+        self._train_one = compiled(lambda batch: self._run(model.train_step, batch))
+        self._test_one = compiled(lambda batch: self._run(model.test_step, batch))
         self._predict_one = compiled(self._predict)
         self._metric_results = compiled(lambda: global_metric_results(model, strategy))
 
-    def _one(self, step, iterator):
-        """Draws one batch and runs `step` on it; returns `(had_a_batch, logs)`."""
-        optional = iterator.get_next_as_optional()
-        has_value = optional.has_value()
-
-        def run():
-            with keras_losses_unscaled(), gradients_averaged():
-                outputs = self.strategy.run(step, args=(optional.get_value(),))
-            logs = self._reduce_logs(outputs)
-            self._logs_specs[step.__name__] = tf.nest.map_structure(
-                lambda t: tf.TensorSpec(t.shape, t.dtype), logs)
-            return logs
-
-        def nothing():  # traced after `run`, whose logs it mirrors with zeros
-            specs = self._logs_specs.get(step.__name__, {})
-            return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), specs)
-
-        return has_value, tf.cond(has_value, run, nothing)
+    def _run(self, step, batch):
+        with keras_losses_unscaled(), gradients_averaged():
+            outputs = self.strategy.run(step, args=(batch,))
+        return self._reduce_logs(outputs)
 
     def _reduce_logs(self, outputs):
         """The step's logs: metrics read across replicas, other values averaged."""
@@ -108,10 +93,13 @@ class OwnStepFunctions:
     def _loop(self, one_step, iterator, num_steps):
         done, logs = 0, None
         while done < int(num_steps):
-            has_value, step_logs = one_step(iterator)
-            if not bool(has_value):
+            # Drawn outside the compiled step: the end of the data is agreed by
+            # every worker, and a step that creates variables when first traced
+            # (optimizers the model keeps itself) traces without a tf.cond.
+            optional = iterator.get_next_as_optional()
+            if not bool(optional.has_value()):
                 break
-            logs = step_logs
+            logs = one_step(optional.get_value())
             done += 1
         if logs is None:
             logs = self._metric_results()

@@ -157,6 +157,12 @@ class StepFunctions:
             stats = tf.stack([value * examples, examples, examples, tf.zeros(()), examples])
             return y_pred, value, examples, stats
         reg = _regularization(self.model)
+        if self.loss is None and not self.model.losses:
+            raise ValueError(
+                f"No loss to compute for the model {self.model.name!r}: it was compiled "
+                "without a loss, has no add_loss() terms and does not override "
+                "compute_loss or train_step/test_step. Pass loss= to model.compile() "
+                "(or to the Trainer).")
         if self.loss is None:  # add_loss terms only
             stats = tf.stack([tf.zeros(()), examples, examples, examples * reg, examples])
             return y_pred, reg, examples, stats
@@ -278,13 +284,13 @@ class StepFunctions:
         self._record_loss(totals, stats[examples_index])
 
     def _replica_train(self, data):
-        x, y, sample_weight = unpack(data, need_targets=True)
+        x, y, sample_weight = unpack(data, need_targets=False)
         grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
         self._update_metrics(x, y, y_pred, mask, sample_weight)
         self._reduce_and_apply(grads, stats)
 
     def _replica_accumulate(self, data):
-        x, y, sample_weight = unpack(data, need_targets=True)
+        x, y, sample_weight = unpack(data, need_targets=False)
         grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
         self._update_metrics(x, y, y_pred, mask, sample_weight)
         self.accumulator.add(grads, stats)
@@ -295,7 +301,7 @@ class StepFunctions:
         self.accumulator.reset()
 
     def _replica_test(self, data):
-        x, y, sample_weight = unpack(data, need_targets=True)
+        x, y, sample_weight = unpack(data, need_targets=False)
         stats, y_pred, mask = self._compute_loss_terms(x, y, sample_weight)
         self._update_metrics(x, y, y_pred, mask, sample_weight)
         totals = stats[:self._examples_index]

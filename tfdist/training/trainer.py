@@ -393,9 +393,9 @@ class Trainer:
         data = distribute(self.strategy, train, "x")
         val_data = (None if validation is None
                     else distribute(self.strategy, validation, "validation_data"))
-        steps = self._prepare(data, need_targets=True)
+        steps = self._prepare(data, mode="train")
         if val_data is not None:
-            self._prepare(val_data, need_targets=True)
+            self._prepare(val_data, mode="test")
         callback_list = make_callback_list(
             callbacks, self.model, self.strategy, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch, add_history=True)
@@ -442,7 +442,7 @@ class Trainer:
             _check_positive_int("steps", steps)
         data = distribute(self.strategy, evaluation_inputs(
             x, y, batch_size=batch_size, sample_weight=sample_weight), "x")
-        self._prepare(data, need_targets=True)
+        self._prepare(data, mode="test")
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
                                            add_history=False)
@@ -480,7 +480,7 @@ class Trainer:
             _check_positive_int("steps", steps)
         data = distribute(self.strategy, evaluation_inputs(x, None, batch_size=batch_size,
                                                            sample_weight=None), "x")
-        step_functions = self._prepare(data, need_targets=False)
+        step_functions = self._prepare(data, mode="predict")
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
                                            add_history=False)
@@ -626,13 +626,21 @@ class Trainer:
     def _metric_logs(self):
         return _pythonify(self.model.get_metrics_result())
 
-    def _prepare(self, data, need_targets):
+    def _needs_targets(self, mode):
+        """Whether `mode`'s batches must carry `y`: only for a compiled loss that
+        tfdist's own step computes (Keras's `fit` lets a model's own step or
+        `compute_loss`, or `add_loss` terms alone, train on `x` only)."""
+        if mode == "predict" or f"{mode}_step" in self.hooks or "compute_loss" in self.hooks:
+            return False
+        return self.model._compile_loss is not None
+
+    def _prepare(self, data, mode):
         """Builds model, metrics and optimizer in the scope, then the step functions."""
         spec = per_replica_spec(data.element_spec)
-        unpack(spec, need_targets=need_targets)
+        unpack(spec, need_targets=self._needs_targets(mode))
         with self.strategy.scope():
-            if need_targets:
-                self.model._symbolic_build(data_batch=spec)
+            if mode != "predict":
+                self._symbolic_build(spec, own_step=f"{mode}_step" in self.hooks)
             elif not self.model.built or not self.model.variables:
                 x_spec = keras.utils.unpack_x_y_sample_weight(spec)[0]
                 self.model(tf.nest.map_structure(
@@ -640,6 +648,8 @@ class Trainer:
             if self.optimizer is not None and not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
         _check_model_in_scope(self.model, self.strategy)
+        if mode == "train" and "train_step" in self.hooks:
+            _check_own_optimizers_built(self.model, self.strategy)
         compile_loss = self.model._compile_loss
         if self._steps is None and compile_loss is not None and not compile_loss.built:
             # predict() before any fit/evaluate: the compiled loss is only
@@ -650,6 +660,17 @@ class Trainer:
         if self._steps is None:
             self._steps = self._step_functions()
         return self._steps
+
+    def _symbolic_build(self, spec, own_step):
+        """Builds the model, compiled metrics and loss from the data's spec, as
+        Keras's `fit` does under a strategy. A model with its own step that
+        cannot be called on the data (a GAN, whose `call` is not defined) is
+        left as its own step expects it: built from its sub-models."""
+        try:
+            self.model._symbolic_build(data_batch=spec)
+        except (RuntimeError, NotImplementedError):
+            if not own_step or not self.model.variables:
+                raise
 
     def _step_functions(self, with_loss=True):
         """The engine's step functions, with the model's own steps where it has them."""
@@ -687,6 +708,27 @@ def _check_model_in_scope(model, strategy):
             f"{' ...' if len(outside) > 5 else ''} are not distributed by it. Create "
             "and build the model inside `with strategy.scope():` (the same strategy "
             "you give the Trainer), or pass strategy= the strategy it was built under.")
+
+
+def _check_own_optimizers_built(model, strategy):
+    """Optimizers a model keeps in its own attributes (a GAN's `d_optimizer`)
+    create their variables at their first `apply`, inside the step; under
+    several replicas TensorFlow cannot do that inside a replica, so they must
+    be built first."""
+    if strategy.num_replicas_in_sync == 1:
+        return
+    unbuilt = [name for name, value in vars(model).items()
+               if isinstance(value, keras.optimizers.Optimizer) and not value.built
+               and value is not model.optimizer]
+    if unbuilt:
+        owner = type(model).__name__
+        calls = "; ".join(f"model.{name}.build(<the variables it updates>)" for name in unbuilt)
+        raise ValueError(
+            f"{owner}.train_step uses the optimizer(s) {', '.join(unbuilt)}, which are not "
+            f"built yet. Under {strategy.num_replicas_in_sync} replicas an optimizer cannot "
+            "create its variables inside the replicated step; build it first, inside "
+            f"strategy.scope(): {calls} (e.g. model.d_optimizer.build("
+            "model.discriminator.trainable_variables)).")
 
 
 def _model_strategy(model):
