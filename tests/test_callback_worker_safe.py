@@ -67,18 +67,7 @@ class Custom(keras.callbacks.Callback):
     pass
 
 
-class Interrupted(Exception):
-    pass
-
-
-class InterruptAt(keras.callbacks.Callback):
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise Interrupted(epoch)
+Interrupted, InterruptAt = kcw.Interrupted, kcw.InterruptAt
 
 
 class BackupProbe(keras.callbacks.Callback):

@@ -264,17 +264,42 @@ def task_info(strategy=None):
     return config.task_type, config.task_index, config.is_chief or config.task_type == "evaluator"
 
 
+def num_workers(strategy=None):
+    """How many training processes (chief + worker tasks) share `strategy`.
+
+    Counted from the strategy's cluster resolver, so only a multi-worker
+    strategy (`MultiWorkerMirroredStrategy` with TF_CONFIG, SLURM, ...) can
+    give more than 1. `MirroredStrategy`, `OneDeviceStrategy` and the
+    default strategy train in one process: 1, whatever `TF_CONFIG` says.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`, or None for the current one.
+
+    Example:
+
+    >>> num_workers(tf.distribute.MirroredStrategy())
+    1
+    >>> num_workers(tf.distribute.MultiWorkerMirroredStrategy())  # 2 workers in TF_CONFIG
+    2
+    """
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return max(1, sum(len(spec.get(kind, ())) for kind in TRAINING_TASK_TYPES))
+
+
 def is_multi_worker(strategy):
-    """Whether `strategy` spans several worker processes (MultiWorkerMirrored
-    with a cluster of more than one task).
+    """Whether `strategy` spans several worker processes (`num_workers` > 1).
 
     Example:
 
     >>> is_multi_worker(create_strategy("mirrored", devices=2))
     False
     """
-    in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
-    return bool(in_multi_worker_mode()) if in_multi_worker_mode is not None else False
+    return num_workers(strategy) > 1
 
 
 def is_chief(strategy=None):

@@ -167,7 +167,7 @@ def gradients_averaged():
         if context is None or context.num_replicas_in_sync == 1:
             return original(self, grads_and_vars)
         factor = 1.0 / context.num_replicas_in_sync
-        return original(self, [(_times(g, factor), v) for g, v in grads_and_vars])
+        return original(self, [(scale_gradient(g, factor), v) for g, v in grads_and_vars])
 
     TFOptimizer._all_reduce_sum_gradients = average
     try:
@@ -176,7 +176,14 @@ def gradients_averaged():
         TFOptimizer._all_reduce_sum_gradients = original
 
 
-def _times(grad, factor):
+def scale_gradient(grad, factor):
+    """Returns `grad * factor` for a dense or `IndexedSlices` gradient (None stays None).
+
+    Example:
+
+    >>> scale_gradient(tf.constant([2.0, 4.0]), 0.5)
+    <tf.Tensor: ... numpy=array([1., 2.], dtype=float32)>
+    """
     if grad is None:
         return None
     if isinstance(grad, tf.IndexedSlices):

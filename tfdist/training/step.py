@@ -46,7 +46,7 @@ from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
-from tfdist.training.optimizer import gradients_already_summed, loss_scale
+from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
 
 
 class StepFunctions:
@@ -211,7 +211,7 @@ class StepFunctions:
             scaled = self.optimizer.scale_loss(objective)
         grads = tape.gradient(scaled, variables)
         if self.normalized and not self._single:
-            grads = [_scale(g, weight) for g in grads]
+            grads = [scale_gradient(g, weight) for g in grads]
         return grads, stats, y_pred, tf.nest.map_structure(get_keras_mask, y_pred)
 
     def _loss_terms(self, x, y, sample_weight):
@@ -397,15 +397,6 @@ def _regularization(model):
     if not losses:
         return tf.zeros((), tf.float32)
     return tf.add_n([tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses])
-
-
-def _scale(grad, factor):
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
 
 
 def _divide(grad, divisor):
