@@ -20,11 +20,14 @@ from tfdist.callbacks.preemption import PREEMPTED_EXIT_CODE, Preempted, Preempti
 from tfdist.callbacks.profiler import ProfilerWindow
 from tfdist.callbacks.progress import ProgressLogger
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary
+from tfdist.callbacks.worker_safe import make_worker_safe
+from tfdist.callbacks.worker_safe_backup import WorkerSafeBackupAndRestore
 
 __all__ = [
-    "BackupAndResume", "BackupInfo", "ResumeWarning", "latest_backup", "list_backups",
-    "read_backup", "ChiefOnly", "DeviceMemoryMonitor", "LearningRateLogger", "LearningRateScheduleCallback",
-    "MemoryUsageWarning", "NanGuard", "DivergenceError", "DivergenceGuard", "LossHealth", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted", "PreemptionGuard", "ProfilerWindow", "ProgressLogger",
-    "ThroughputMeter",
-    "format_summary", "is_chief", "make_logging_callbacks", "task_info",
+    "BackupAndResume", "BackupInfo", "ChiefOnly", "DeviceMemoryMonitor", "DivergenceError",
+    "DivergenceGuard", "LearningRateLogger", "LearningRateScheduleCallback", "LossHealth",
+    "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted",
+    "PreemptionGuard", "ProfilerWindow", "ProgressLogger", "ResumeWarning", "ThroughputMeter",
+    "WorkerSafeBackupAndRestore", "format_summary", "is_chief", "latest_backup", "list_backups",
+    "make_logging_callbacks", "make_worker_safe", "read_backup", "task_info",
 ]
