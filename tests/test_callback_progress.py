@@ -24,6 +24,7 @@ def test_figures_line_has_units_and_leaves_metrics_out():
                                         " | 69.0 GFLOP/s | MFU 12.3%")
     assert model_metrics(logs) == {"loss": 1.25, "val_accuracy": 0.5}
     assert is_run_figure("gpu0_peak_mb") and not is_run_figure("val_loss")
+    assert is_run_figure("gpu1_utilization") and is_run_figure("gpu0_power_w")
     assert flops(5e8) == "500 MFLOP/s"
 
 

@@ -140,3 +140,101 @@ def test_skip_corrupt_records_is_refused_without_tfrecord_data():
     check_skip_corrupt_records(config("tfrecord:/d/*"))
     check_skip_corrupt_records(config("shapes", " ImageNet_TFRecord:/v/*"))
     check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=False, dataset="shapes"))
+
+
+@pytest.mark.parametrize("argv, value", [
+    ([], "preallocate"), (["--gpu-memory", "growth"], "growth"),
+    (["--gpu-memory", "Limit:4096"], "limit:4096"),
+])
+def test_gpu_memory_flag_is_canonicalised(argv, value):
+    assert parse(argv).gpu_memory == value
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--gpu-memory", "limit:0"],
+     "flag --gpu-memory: gpu_memory 'limit:0': the limit must be a positive whole number of MB"),
+    (["--gpu-memory", "all"], "gpu_memory must be growth (allocate as needed), preallocate"),
+    (["--cluster-resolver", "k8s"],
+     "flag --cluster-resolver: cluster_resolver='k8s' is not allowed. Choose one of: tf_config, slurm."),
+])
+def test_bad_gpu_memory_and_cluster_resolver_values_name_the_value(argv, fragment):
+    with pytest.raises(ConfigError) as error:
+        parse(argv)
+    assert fragment in str(error.value)
+
+
+def test_gpu_memory_and_cluster_resolver_from_yaml(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("gpu_memory: limit:2048\ncluster-resolver: SLURM\n")
+    config = parse(["--config", str(path)])
+    assert config.gpu_memory == "limit:2048" and config.cluster_resolver == "slurm"
+    assert {"gpu_memory", "cluster_resolver"} <= config.explicit
+    path.write_text("gpu_memory: limit:4 GB\n")
+    with pytest.raises(ConfigError, match=f"config file {path}: gpu_memory 'limit:4 GB'"):
+        parse(["--config", str(path)])
+
+
+def test_cluster_resolver_names_match_the_strategy_factory():
+    from tfdist.recipes.config import CLUSTER_RESOLVERS
+    from tfdist.strategy import CLUSTER_RESOLVER_NAMES
+
+    assert CLUSTER_RESOLVERS == CLUSTER_RESOLVER_NAMES
+    assert parse([]).cluster_resolver == "tf_config"
+
+
+@pytest.mark.parametrize("strategy, refused", [
+    ("auto", False), ("multi_worker_mirrored", False), ("mirrored", True), ("one_device", True),
+    ("default", True),
+])
+def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refused):
+    from tfdist.recipes.runner import check_cluster_resolver
+
+    config = parse(["--strategy", strategy, "--cluster-resolver", "slurm"])
+    if refused:
+        with pytest.raises(ConfigError) as error:
+            check_cluster_resolver(config)
+        assert (f"--cluster-resolver slurm finds the workers of a multi-worker run, but "
+                f"--strategy {strategy} trains on this machine alone") in str(error.value)
+    else:
+        check_cluster_resolver(config)
+    check_cluster_resolver(parse(["--strategy", strategy]))  # tf_config: always fine
+
+
+def test_print_config_shows_both_flags_and_what_gpu_memory_does_here():
+    import tensorflow as tf
+    import yaml
+
+    from recipe_util import run_recipe
+
+    result = run_recipe("cnn", ["--print-config", "--gpu-memory", "limit:512", "--cluster-resolver",
+                                "slurm", "--strategy", "multi_worker_mirrored"], timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:]
+    record = yaml.safe_load(result.stdout[result.stdout.index("options:"):])
+    assert record["options"]["gpu_memory"] == "limit:512"
+    assert record["options"]["cluster_resolver"] == "slurm"
+    if not tf.config.list_physical_devices("GPU"):
+        assert record["resolved"]["gpu_memory"] == "limit:512: no effect, TensorFlow sees no GPU"
+
+
+def test_gpu_memory_contradicting_the_environment_is_refused_before_tensorflow(monkeypatch):
+    from tfdist.recipes.runner import check_before_tensorflow
+    from tfdist.recipes.transformer import RECIPE
+
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "false")
+    config = parse_config(["--gpu-memory", "growth"], RECIPE.all_options(), prog="test")
+    with pytest.raises(ConfigError, match=r"--gpu-memory: gpu_memory growth contradicts "
+                                          r"\$TF_FORCE_GPU_ALLOW_GROWTH=false"):
+        check_before_tensorflow(RECIPE, config)
+    monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    check_before_tensorflow(RECIPE, parse_config([], RECIPE.all_options(), prog="test"))
+
+
+def test_slurm_resolver_reaches_the_strategy_factory():
+    from recipe_util import run_recipe
+
+    env = {name: "" for name in ("SLURM_PROCID", "SLURM_JOB_ID")}
+    result = run_recipe("transformer", ["--strategy", "multi_worker_mirrored", "--cluster-resolver",
+                                        "slurm", "--epochs", "1", "--steps-per-epoch", "2",
+                                        "--warmup-steps", "0"], timeout=180, env=env)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert "cluster_resolver='slurm' needs to run inside a SLURM job step (srun)" in result.stdout

@@ -71,8 +71,9 @@ def run_point(args):
 
     Returns:
         `(figures, is_chief)`: the figures (a dict: `summarise`'s, plus
-        strategy, replicas, workers, batch sizes and machine load) and
-        whether this process is the chief.
+        strategy, replicas, workers, batch sizes and machine load, and on
+        GPUs `gpu_utilization` from `tfdist.bench.gpu_use`) and whether
+        this process is the chief.
 
     Example:
 
@@ -83,8 +84,10 @@ def run_point(args):
     """
     from tfdist.bench.alternate import run_rounds, summarise
     from tfdist.bench.engines import Contender, Setting
+    from tfdist.bench.gpu_use import UtilizationSampler
     from tfdist.bench.load import LoadMonitor
     from tfdist.bench.workloads import Workload
+    from tfdist.devices import gpu_count
     from tfdist.strategy import create_strategy, describe_strategy
 
     workload = Workload(args.model, size=args.size, data=args.data,
@@ -97,10 +100,15 @@ def run_point(args):
                           args.global_batch_size, seed=args.seed)
     inputs = ("pipeline",) if args.no_input_share else ("pipeline", "memory")
     monitor = LoadMonitor().start()
+    gpus = gpu_count()
+    # On GPUs: NVML utilisation of this worker's GPUs while the rounds run.
+    sampler = UtilizationSampler(range(min(gpus, len(info.devices)))).start() if gpus else None
     say = print if info.is_chief else (lambda *a, **k: None)
     results = run_rounds({"tfdist": contender}, args.rounds, args.steps, inputs=inputs,
                          warmup_steps=args.warmup_steps, log=say)
     figures = summarise(contender, results["tfdist"])
+    if sampler is not None:
+        figures.update(sampler.stop())
     figures.update(
         strategy=info.name, replicas=info.num_replicas, workers=info.num_workers,
         devices_per_worker=len(info.devices), global_batch_size=args.global_batch_size,

@@ -100,8 +100,18 @@ SCALING_HEADER = ["Replicas", "Workers", "Precision", "XLA", "Global batch",
                   "CPU used by others"]
 
 
+def _utilization_cell(row):
+    if row.get("gpu_utilization") is not None:
+        return _num(row["gpu_utilization"], 0, percent=True)
+    return "n/a: " + (row.get("gpu_utilization_note") or "not measured")[:80]
+
+
 def scaling_table(rows):
     """The Markdown scaling table of `scaling_rows` (failed points say so).
+
+    A "GPU utilisation" column (NVML, mean over the measured rounds) is
+    added when any point measured on GPUs, i.e. has `gpu_utilization`; on
+    CPUs there is none.
 
     Args:
         rows: the result of `scaling_rows`.
@@ -111,12 +121,14 @@ def scaling_table(rows):
     >>> print(scaling_table(rows).splitlines()[0])
     | Replicas | Workers | Precision | XLA | Global batch | Throughput (examples/s) | ...
     """
+    on_gpus = any("gpu_utilization" in r for r in rows)
+    header = SCALING_HEADER + (["GPU utilisation"] if on_gpus else [])
     cells = []
     for r in rows:
         if "error" in r:
             cells.append([r["replicas"], r["workers"], r.get("precision", "-"), "-",
                           r.get("global_batch_size", "-"), "failed: " + r["error"][:80]]
-                         + ["-"] * (len(SCALING_HEADER) - 6))
+                         + ["-"] * (len(header) - 6))
             continue
         cells.append([
             r["replicas"], r["workers"], r.get("precision", "-"),
@@ -127,8 +139,9 @@ def scaling_table(rows):
             f"{r['step_time_p50_ms']:.0f} / {r['step_time_p90_ms']:.0f} / "
             f"{r['step_time_p99_ms']:.0f}",
             _num(r.get("mfu"), 1, percent=True), _num(r.get("input_wait_share"), 0, percent=True),
-            _num((r.get("load") or {}).get("others_share"), 0, percent=True)])
-    return markdown_table(SCALING_HEADER, cells)
+            _num((r.get("load") or {}).get("others_share"), 0, percent=True)]
+            + ([_utilization_cell(r)] if on_gpus else []))
+    return markdown_table(header, cells)
 
 
 CONTENDER_HEADER = ["Setting", "Precision", "XLA", "Throughput (examples/s)", "Tokens/s",

@@ -1,4 +1,5 @@
-"""Device and host memory figures in the training logs, with limit warnings."""
+"""Device and host memory figures (and GPU utilisation and power) in the
+training logs, with limit warnings."""
 
 import resource
 import sys
@@ -6,6 +7,8 @@ import warnings
 
 import keras
 import tensorflow as tf
+
+from tfdist.nvml import NvmlGpus, NvmlUnavailable, reading_logs
 
 MB = 1024 * 1024
 """Bytes in the "MB" of the logged figures (a mebibyte, 2**20 bytes)."""
@@ -31,9 +34,22 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
       (`tf.config.experimental.reset_memory_stats`) at every epoch start, so
       the epoch figure is that epoch's peak.
 
-    On a machine without GPUs there are no `gpu*` keys and no GPU calls.
-    Callbacks after this one in the list (`CSVLogger`, `TensorBoard`,
-    `History`, the progress bar) see the figures.
+    * with `gpu_utilization=True`, for every watched GPU `i`, from NVML
+      (the `nvidia-ml-py` package, in tfdist's `cuda` extra):
+      `gpu{i}_utilization` (percent of the last sample period a kernel
+      ran, 0-100), `gpu{i}_memory_used_mb` (in use by every process on
+      the GPU) and `gpu{i}_power_w` (watts). TensorFlow's GPU `i` is found
+      among NVML's devices through `$CUDA_VISIBLE_DEVICES`
+      (`tfdist.nvml.nvml_device_ids`); a logical GPU reports its physical
+      GPU's figures. A figure the GPU does not report is left out.
+
+    On a machine without GPUs there are no `gpu*` keys and no GPU calls, and
+    the monitor says so once through `print_fn`; on a GPU machine without
+    NVML (package or driver library missing) it says once why there are no
+    utilisation figures and how to get them. Callbacks after this one in the
+    list (`CSVLogger`, `TensorBoard`, `History`, the progress bar) see the
+    figures. The NVML path was verified only on a machine without GPUs,
+    through a stand-in NVML module (`tfdist.nvml.NvmlGpus`'s `nvml=`).
 
     A `MemoryUsageWarning` is issued when `host_rss_mb` or a `gpu{i}_peak_mb`
     passes `warn_fraction` of its limit, once per crossing: it warns again
@@ -60,6 +76,10 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
         gpus: indices of the GPUs to watch (as in "GPU:0"), or None for
             every GPU TensorFlow sees.
         reset_peak_each_epoch: reset the GPU peak at every epoch start.
+        gpu_utilization: also log NVML's utilisation, memory in use and
+            power of every watched GPU.
+        print_fn: says, once, why GPU figures are missing (no GPU, no
+            NVML); None says nothing.
 
     Example:
 
@@ -70,7 +90,8 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
     """
 
     def __init__(self, warn_fraction=0.9, host_limit_mb=None, gpu_limit_mb=None,
-                 batch_freq=None, gpus=None, reset_peak_each_epoch=True):
+                 batch_freq=None, gpus=None, reset_peak_each_epoch=True, gpu_utilization=True,
+                 print_fn=print):
         super().__init__()
         if warn_fraction is not None and not (
                 _is_number(warn_fraction) and 0 < warn_fraction <= 1):
@@ -95,9 +116,14 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
         self.batch_freq = batch_freq
         self.gpus = gpus
         self.reset_peak_each_epoch = reset_peak_each_epoch
+        self.gpu_utilization = bool(gpu_utilization)
+        self.print_fn = print_fn
         self.limits = {}
         self._gpu_indices = None
         self._over = set()
+        self._nvml = None
+        self._physical = None
+        self._said = set()
         if batch_freq is not None:
             # Only then: a batch hook turns off Keras's asynchronous batch-end dispatch.
             self.on_train_batch_end = self._on_train_batch_end
@@ -142,7 +168,19 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
             info = tf.config.experimental.get_memory_info(f"GPU:{index}")
             figures[f"gpu{index}_current_mb"] = info["current"] / MB
             figures[f"gpu{index}_peak_mb"] = info["peak"] / MB
+        if self._nvml is not None:
+            readings = self._nvml.read()
+            for index in self.gpu_indices:
+                figures.update(reading_logs(index, readings[self._physical[index]]))
+            for key, why in self._nvml.problems.items():
+                self._say(f"DeviceMemoryMonitor: {key} is not reported: NVML says {why}.")
         return figures
+
+    def _say(self, message):
+        if message not in self._said:
+            self._said.add(message)
+            if self.print_fn:
+                self.print_fn(message)
 
     def check(self, figures):
         """Warns (`MemoryUsageWarning`) about figures that crossed their threshold.
@@ -184,6 +222,19 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._gpu_indices = None
         _ = self.gpu_indices  # validates `gpus` before the first step
+        if not self.gpu_indices:
+            self._say("DeviceMemoryMonitor: no GPU visible to TensorFlow, so no GPU memory, "
+                      "utilisation or power figures; logging host memory only.")
+        elif self.gpu_utilization and self._nvml is None:
+            self._physical = physical_gpu_indices()
+            self._nvml, why = open_nvml(sorted({self._physical[i] for i in self.gpu_indices}))
+            if why:
+                self._say(f"DeviceMemoryMonitor: no GPU utilisation or power figures: {why}")
+
+    def on_train_end(self, logs=None):
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.reset_peak_each_epoch:
@@ -205,7 +256,8 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
     def get_config(self):
         return {"warn_fraction": self.warn_fraction, "host_limit_mb": self.host_limit_mb,
                 "gpu_limit_mb": self.gpu_limit_mb, "batch_freq": self.batch_freq,
-                "gpus": self.gpus, "reset_peak_each_epoch": self.reset_peak_each_epoch}
+                "gpus": self.gpus, "reset_peak_each_epoch": self.reset_peak_each_epoch,
+                "gpu_utilization": self.gpu_utilization}
 
     def _host_limit(self):
         if self.host_limit_mb is not None:
@@ -221,6 +273,47 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
         if key not in self.limits:
             self.limits[key] = gpu_memory_limit_mb(index)
         return self.limits[key]
+
+
+def open_nvml(physical_indices, environ=None, nvml=None):
+    """NVML handles for TensorFlow's physical GPUs, or why there are none.
+
+    Args:
+        physical_indices: TensorFlow's physical GPU indices.
+        environ: the environment, for `$CUDA_VISIBLE_DEVICES`.
+        nvml: a stand-in NVML module (tests), or None for `pynvml`.
+
+    Returns:
+        `(tfdist.nvml.NvmlGpus, None)`, or `(None, reason)` when NVML is
+        unavailable: the reason names what is missing and how to get it.
+
+    Example:
+
+    >>> open_nvml([0])   # a GPU machine without nvidia-ml-py
+    (None, "NVML's Python bindings are not installed (...); pip install nvidia-ml-py ...")
+    """
+    try:
+        return NvmlGpus(physical_indices, environ=environ, nvml=nvml), None
+    except NvmlUnavailable as error:
+        return None, str(error)
+
+
+def physical_gpu_indices(logical_counts=None):
+    """TensorFlow's physical GPU index of each logical GPU, in logical order.
+
+    Args:
+        logical_counts: the number of logical devices of each physical GPU
+            (1 for an unsplit GPU), or None to ask TensorFlow.
+
+    Example:
+
+    >>> physical_gpu_indices([2, 1])   # GPU 0 split in two, GPU 1 whole
+    [0, 0, 1]
+    """
+    if logical_counts is None:
+        logical_counts = [len(tf.config.get_logical_device_configuration(gpu) or [None])
+                          for gpu in tf.config.list_physical_devices("GPU")]
+    return [physical for physical, count in enumerate(logical_counts) for _ in range(count)]
 
 
 def host_rss_mb():

@@ -35,7 +35,7 @@ def is_run_figure(name):
     (True, False)
     """
     return (name in _RUN_FIGURES or name in _HIDDEN_FIGURES
-            or (name.startswith("gpu") and name.endswith("_mb")))
+            or (name.startswith("gpu") and name.endswith(("_mb", "_utilization", "_power_w"))))
 
 
 def si(value, digits=3):

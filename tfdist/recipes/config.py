@@ -20,6 +20,7 @@ from typing import Callable
 import yaml
 
 from tfdist.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
+from tfdist.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
 from tfdist.strategy_names import STRATEGY_NAMES, check_strategy_name
 from tfdist.tf_logging import TF_LOG_LEVELS
@@ -27,6 +28,8 @@ from tfdist.xla import XLA_MODES
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
+CLUSTER_RESOLVERS = ("tf_config", "slurm")
+"""`--cluster-resolver` values: `tfdist.strategy.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
 PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -50,6 +53,8 @@ class Option:
         normalize: called with the converted value, returns the canonical
             one (e.g. an alias to its name) or raises `ValueError` with a
             message that teaches; None to keep the value.
+        metavar: how `--help` shows the value (default: the choices, or
+            the type's name).
 
     Example:
 
@@ -64,6 +69,7 @@ class Option:
     choices: tuple = None
     minimum: float = None
     normalize: Callable = None
+    metavar: str = None
 
     @property
     def flag(self):
@@ -117,6 +123,16 @@ COMMON_OPTIONS = [
            "Devices per worker (GPUs; on a machine without GPUs the CPU is split into this many "
            f"logical devices), at most {MAX_DEVICES_PER_WORKER}. Default: all GPUs, or one CPU "
            "device.", minimum=1, normalize=check_device_count),
+    Option("cluster_resolver", str, "tf_config",
+           "Where a multi-worker run finds its cluster (--strategy multi_worker_mirrored or auto): "
+           "tf_config ($TF_CONFIG, as Kubeflow's TFJob and tfdist.launch set it) or slurm "
+           "(SlurmClusterResolver, inside an srun job step).", choices=CLUSTER_RESOLVERS,
+           normalize=lambda text: text.strip().lower().replace("-", "_")),
+    Option("gpu_memory", str, DEFAULT_GPU_MEMORY,
+           "How TensorFlow takes GPU memory: preallocate (its default: nearly all of every GPU up "
+           "front), growth (as needed), or limit:MB (at most MB per GPU, e.g. limit:4096). No "
+           "effect without a GPU.", normalize=check_gpu_memory,
+           metavar="{" + ",".join(GPU_MEMORY_FORMS) + "}"),
     Option("all_reduce", str, None,
            "All-reduce implementation: nccl, hierarchical_copy, reduction_to_one_device (mirrored); "
            "auto, ring, nccl (multi_worker_mirrored). Default: TensorFlow's choice."),
@@ -345,7 +361,9 @@ def build_parser(options, prog, description, epilog=None):
         help="Print the configuration this run would use (after --config, flags and the auto "
              "choices) as YAML, and exit.")
     for option in options:
-        metavar = "{" + ",".join(map(str, option.choices)) + "}" if option.choices else option.type.__name__.upper()
+        metavar = option.metavar or (
+            "{" + ",".join(map(str, option.choices)) + "}" if option.choices
+            else option.type.__name__.upper())
         extra = {"nargs": "?", "const": "true"} if option.type is bool else {}
         parser.add_argument(
             option.flag, dest=option.name, metavar=metavar,

@@ -22,6 +22,8 @@ import sys
 from typing import Callable
 
 from tfdist.dataset_specs import TFRECORD_SCHEMES, dataset_scheme
+from tfdist.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
+                               parse_gpu_memory)
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
                                    render_record, write_record)
@@ -202,10 +204,12 @@ def run_recipe(recipe, argv=None):
 def check_before_tensorflow(recipe, config):
     """Checks what can be checked from the flags alone, before TensorFlow starts.
 
-    The strategy and precision names are checked while parsing; here: the
-    all-reduce name for the strategy, a warmup that must end before the run
-    does (when the run's length is known without reading data), and the
-    flags that need `--model-dir`.
+    The strategy, precision and `--gpu-memory` values are checked while
+    parsing; here: the all-reduce name for the strategy, `--cluster-resolver`
+    against the strategy, `--gpu-memory` against
+    `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
+    (when the run's length is known without reading data), and the flags
+    that need `--model-dir`.
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -220,6 +224,11 @@ def check_before_tensorflow(recipe, config):
         check_all_reduce_name(config.strategy, config.all_reduce)
     except ValueError as error:
         raise ConfigError(f"--all-reduce: {error}") from None
+    check_cluster_resolver(config)
+    try:
+        check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
+    except ValueError as error:
+        raise ConfigError(f"--gpu-memory: {error}") from None
     check_skip_corrupt_records(config)
     for flag, value in (("--profile-steps", config.profile_steps),):
         if value is not None and not config.model_dir:
@@ -231,6 +240,29 @@ def check_before_tensorflow(recipe, config):
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
         check_warmup(config, steps_per_epoch)
+
+
+def check_cluster_resolver(config):
+    """Refuses `--cluster-resolver slurm` with a strategy that never reads a cluster.
+
+    Only `auto` and `multi_worker_mirrored` find their cluster through the
+    resolver; one_device, mirrored and default train on this machine alone.
+
+    Raises:
+        ConfigError: naming the strategy and the way out.
+
+    Example:
+
+    >>> check_cluster_resolver(argparse.Namespace(cluster_resolver="slurm", strategy="mirrored"))
+    Traceback (most recent call last):
+    ConfigError: --cluster-resolver slurm finds the workers of a multi-worker run ...
+    """
+    if config.cluster_resolver == "tf_config" or config.strategy in ("auto", "multi_worker_mirrored"):
+        return
+    raise ConfigError(
+        f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
+        f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
+        "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
 
 
 def check_skip_corrupt_records(config):
@@ -302,14 +334,22 @@ def _print_config(recipe, config):
     import_tensorflow(config.tf_log_level)  # to ask for GPUs, quietly
     from tfdist.devices import gpu_count
 
-    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpu_count() > 0)
+    gpus = gpu_count()
+    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
     resolved = {"precision": precision.policy, "precision_reason": precision.reason,
-                "xla": jit_compile, "xla_reason": xla_reason}
+                "xla": jit_compile, "xla_reason": xla_reason,
+                "gpu_memory": _gpu_memory_line(config, gpus)}
     if config.strategy == "auto":
         resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
     return 0
+
+
+def _gpu_memory_line(config, gpus):
+    """What `--gpu-memory` does with `gpus` GPUs, for the record and the start block."""
+    note = check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
+    return describe_gpu_memory(config.gpu_memory, gpus, note)
 
 
 def _preempted_line(stop, where):
@@ -343,20 +383,27 @@ def _train(recipe, config, where):
     # process at once, as there is nothing to save yet.
     signals = BlockedStopSignals.install(f"python -m tfdist.recipes.{recipe.name}")
     tf = import_tensorflow(config.tf_log_level)
+    # GPU memory is configured before anything can initialise the devices.
+    from tfdist.gpu_memory import apply_gpu_memory
+
+    gpus = apply_gpu_memory(parse_gpu_memory(config.gpu_memory))
+    notice = gpu_memory_notice(config.gpu_memory, gpus)
+    if notice:
+        logger.info(notice)
     import keras
 
     from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
     from tfdist.data import distribute_dataset
-    from tfdist.devices import gpu_count
     from tfdist.optimizers import build_optimizer
     from tfdist.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
 
-    strategy = create_strategy(config.strategy, devices=config.devices, all_reduce=config.all_reduce)
+    strategy = create_strategy(config.strategy, devices=config.devices, all_reduce=config.all_reduce,
+                               cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
-    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpu_count() > 0)
+    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
     keras.mixed_precision.set_global_policy(precision.policy)
     keras.utils.set_random_seed(config.seed)
     if config.deterministic:
@@ -396,7 +443,7 @@ def _train(recipe, config, where):
     resolved = {
         "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
         "precision": precision.policy, "precision_reason": precision.reason,
-        "xla": jit_compile, "xla_reason": xla_reason,
+        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": _gpu_memory_line(config, gpus),
         "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
@@ -407,7 +454,7 @@ def _train(recipe, config, where):
     if config.model_dir and info.is_chief:
         _record_run(recipe, config, resolved, resuming)
     say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
-                     steps_per_epoch))
+                     steps_per_epoch, resolved["gpu_memory"] if gpus else None))
     meter = ThroughputMeter(
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
@@ -511,13 +558,18 @@ def _steps_in(source, global_batch_size):
     return steps
 
 
-def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch):
+def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
+                 gpu_memory=None):
     per_replica = config.global_batch_size // info.num_replicas
     lines = [
         "tfdist run",
         f"  strategy      {info.name}: {info.num_replicas} replica(s) on {info.num_workers} worker(s)"
         + (f" ({info.note})" if info.note else ""),
         f"  devices       {', '.join(info.devices)}",
+    ]
+    if gpu_memory:
+        lines.append(f"  GPU memory    {gpu_memory}")
+    lines += [
         f"  batch         global {config.global_batch_size}, per replica {per_replica}"
         + (f", {config.grad_accum_steps} micro-batches per optimizer step" if config.grad_accum_steps > 1 else ""),
         f"  precision     {precision.policy} ({precision.reason})",
