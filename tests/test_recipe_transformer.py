@@ -4,12 +4,14 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from damage_util import damage_payload
-from mw import launch
+from mw import REPO_ROOT, launch
 from recipe_util import final_metric, run_recipe
 from tfdist.data.tfrecord import write_token_tfrecords
 
@@ -265,6 +267,69 @@ def test_a_port_in_use_fails_at_once_naming_it_and_the_process_holding_it():
             f"server: port {port} is already in use by pid {os.getpid()} (") in result.stdout
     assert "Stop that process, or give this task a free port" in result.stdout
     assert "Traceback" not in result.stdout and "waiting" not in result.stdout
+
+
+@pytest.mark.multiworker
+def test_a_cluster_that_does_not_form_exits_141_so_cluster_managers_retry(tmp_path):
+    """A missing peer is not a bad input (exit 2, which Kubeflow's ExitCode policy
+    and a SLURM requeue treat as final) but a broken cluster: 141, retried."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(free.getsockname()[1])
+    tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                 "task": {"type": "worker", "index": 0}}
+    result = run_recipe("transformer", ["--strategy", "multi_worker_mirrored", "--model-dir",
+                                        str(tmp_path / "run")], timeout=150,
+                        env={"TF_CONFIG": json.dumps(tf_config), "TFDIST_STARTUP_TIMEOUT": "5"})
+    assert result.returncode == 141, result.stdout[-3000:]
+    assert "the cluster did not form (StrategyStartupError: multi_worker_mirrored failed" in (
+        result.stdout)
+    assert f"never arrived: worker 1 at 127.0.0.1:{ports[1]}" in result.stdout
+    assert "Traceback" not in result.stdout
+
+
+@pytest.mark.multiworker
+def test_a_worker_lost_during_training_makes_the_other_exit_141_naming_the_backup(tmp_path):
+    """Without a launcher (a TFJob, a SLURM step), the surviving worker must not
+    die with a traceback and exit 1 (final for cluster managers) but exit 141."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            ports.append(free.getsockname()[1])
+    workers = []
+    for index in (0, 1):
+        env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+                   TF_CONFIG=json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                         "task": {"type": "worker", "index": index}}))
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "tfdist.recipes.transformer", "--strategy",
+             "multi_worker_mirrored", "--model-dir", str(tmp_path / "run"), "--epochs", "50",
+             "--verbose", "2"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True))
+    survivor, lost = workers
+    try:
+        seen = ""
+        deadline = time.monotonic() + 240
+        while "Epoch 2/" not in seen and time.monotonic() < deadline:
+            line = survivor.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "Epoch 2/" in seen, seen[-3000:]
+        lost.kill()
+        output, _ = survivor.communicate(timeout=240)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+            worker.communicate()
+    assert survivor.returncode == 141, (seen + output)[-3000:]
+    assert "a peer was lost (" in output
+    assert f"resume from the last backup in {tmp_path / 'run' / 'backup'}" in output
+    assert "Traceback" not in output
 
 
 def token_tfrecords(tmp_path):

@@ -422,14 +422,51 @@ def _resolve_cluster(resolver):
     if resolver is None or resolver == "tf_config":
         return _Cluster(config=parse_tf_config(), resolver=None, source="TF_CONFIG")
     if resolver == "slurm":
-        try:
-            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
-        except (KeyError, RuntimeError, ValueError, OSError) as error:
-            raise ValueError(
-                "cluster_resolver='slurm' needs to run inside a SLURM job step (srun), with "
-                f"SLURM_* variables set; SlurmClusterResolver failed: {error!r}.") from error
+        resolver = _slurm_resolver()
     return _Cluster(config=_config_from_resolver(resolver), resolver=resolver,
                     source=type(resolver).__name__)
+
+
+SLURM_PORT_BASE_ENV = "TFDIST_SLURM_PORT_BASE"
+"""Environment variable: the first port of the SLURM workers (default 8888; task k on a
+node listens on base + k)."""
+
+
+def _slurm_resolver():
+    """TensorFlow's `SlurmClusterResolver`, set up for tfdist.
+
+    Its defaults ask `nvidia-smi` how many GPUs a node has (failing on CPU
+    nodes) and divide them among the node's tasks (failing when SLURM already
+    bound one GPU per task). Here the GPUs a task sees (`CUDA_VISIBLE_DEVICES`)
+    decide: with several tasks on a node and GPUs that divide among them,
+    each task gets its share, as TensorFlow would do; otherwise (one task per
+    node, GPUs already bound by SLURM, a CPU node) nothing is changed. tfdist
+    picks the local devices itself (see `_create_multi_worker`).
+    """
+    tasks_per_node = _max_tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+                                         or os.environ.get("SLURM_TASKS_PER_NODE") or "1")
+    raw_port = os.environ.get(SLURM_PORT_BASE_ENV, "8888")
+    if not raw_port.isdigit() or not 1024 <= int(raw_port) <= 65535 - tasks_per_node:
+        raise ValueError(f"{SLURM_PORT_BASE_ENV}={raw_port!r} is not a port number from 1024 to "
+                         f"{65535 - tasks_per_node}.")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    share = tasks_per_node > 1 and len(visible) >= tasks_per_node and (
+        len(visible) % tasks_per_node == 0)
+    gpus_per_task = len(visible) // tasks_per_node if share else 1
+    try:
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=int(raw_port), gpus_per_node=gpus_per_task * tasks_per_node,
+            gpus_per_task=gpus_per_task, auto_set_gpu=share)
+    except (KeyError, RuntimeError, ValueError, OSError) as error:
+        raise ValueError(
+            "cluster_resolver='slurm' needs to run inside a SLURM job step (srun), with "
+            f"SLURM_* variables set; SlurmClusterResolver failed: {error!r}.") from error
+
+
+def _max_tasks_per_node(tasks_per_node):
+    """The largest count in SLURM's tasks-per-node list, e.g. `"2(x3),1"` -> 2."""
+    counts = [int(match) for match in re.findall(r"(\d+)(?:\(x\d+\))?", tasks_per_node)]
+    return max(counts) if counts else 1
 
 
 def _config_from_resolver(resolver):
@@ -588,6 +625,10 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
     elif count is not None and count > 1:
         split_cpu_into_logical_devices(count)
         local = ("CPU", count)
+    if local is None and cluster.resolver is not None:
+        # A resolver other than TF_CONFIG (SLURM) would otherwise choose the
+        # local devices from its own accelerator count: use what this process sees.
+        local = ("GPU", gpus) if gpus else ("CPU", 1)
     implementation = {
         None: tf.distribute.experimental.CommunicationImplementation.AUTO,
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,

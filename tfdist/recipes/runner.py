@@ -31,6 +31,15 @@ from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.xla import resolve_xla
 
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a program stopped by Ctrl-C (SIGINT)
+CLUSTER_LOST_EXIT_CODE = 141  # 128 + SIGPIPE: the connection to a peer broke; retryable
+"""Exit code when the cluster did not form in time or a peer was lost during
+training. Cluster managers retry codes >= 128 (Kubeflow's ExitCode policy,
+a SLURM requeue); the relaunched job resumes from its last backup."""
+
+# TensorFlow's errors when a collective or the coordination service loses a
+# peer (connection refused or reset, heartbeat timeout, aborted collective).
+_CLUSTER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError",
+                   "CancelledError")
 
 logger = logging.getLogger("tfdist")
 
@@ -196,9 +205,32 @@ def run_recipe(recipe, argv=None):
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
+        if type(error).__name__ == "StrategyStartupError":  # tfdist.strategy's, TF-free here
+            return _cluster_lost(prog, error, where, "the cluster did not form")
         if os.environ.get("TFDIST_TRACEBACK"):
             raise
         return _exit_error(prog, f"{type(error).__name__}: {error}")
+    except Exception as error:  # noqa: BLE001 - only TensorFlow's cluster errors are handled
+        if type(error).__name__ not in _CLUSTER_ERRORS or "tensorflow" not in type(error).__module__:
+            raise
+        return _cluster_lost(prog, error, where, "a peer was lost")
+
+
+def _cluster_lost(prog, error, where, what):
+    """One line for a cluster that broke, and the retryable exit code."""
+    if os.environ.get("TFDIST_TRACEBACK"):
+        raise error
+    lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()
+             if line.strip() and "Graph execution error" not in line]
+    first_line = lines[0][:200] if lines else ""
+    backup = where.get("backup_dir")
+    resume = (f"; run the same command again (a cluster manager retries exit "
+              f"{CLUSTER_LOST_EXIT_CODE}) to resume from the last backup in {backup}" if backup
+              else f"; run the same command again to retry (a cluster manager retries exit "
+                   f"{CLUSTER_LOST_EXIT_CODE})")
+    print(f"{prog}: {what} ({type(error).__name__}: {first_line}){resume}.",
+          file=sys.stderr, flush=True)
+    return CLUSTER_LOST_EXIT_CODE
 
 
 def check_before_tensorflow(recipe, config):
