@@ -219,9 +219,7 @@ def _validation_inputs(validation_data, batch_size):
                 f"{len(validation_data)} items.")
         return arrays.array_dataset(*validation_data,
                                     batch_size=batch_size or DEFAULT_BATCH_SIZE, shuffle=False)
-    if batch_size is not None and isinstance(validation_data, tf.data.Dataset):
-        pass  # validation_batch_size applies to arrays only, as in Keras
-    return validation_data
+    return validation_data  # a dataset: validation_batch_size applies to arrays only, as in Keras
 
 
 def _check_dataset_arguments(x, **arguments):
