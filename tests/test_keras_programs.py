@@ -215,3 +215,13 @@ def test_a_gan_whose_optimizers_are_not_built_is_refused_with_the_way_out():
     model, arguments = programs.gan(mirrored(2), build_optimizers=False)
     with pytest.raises(ValueError, match=r"d_optimizer, g_optimizer.*build it first"):
         Trainer(model).fit(verbose=0, **arguments)
+
+
+def test_a_zero_batch_size_is_refused_not_replaced_by_the_default():
+    model, arguments = programs.class_weights(mirrored(2))
+    trainer = Trainer(model)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        trainer.evaluate(arguments["x"], arguments["y"], batch_size=0, verbose=0)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        trainer.fit(arguments["x"], arguments["y"], batch_size=8, validation_batch_size=0,
+                    validation_data=(arguments["x"], arguments["y"]), verbose=0)

@@ -112,10 +112,6 @@ def per_replica_spec(element_spec):
     return tf.nest.map_structure(one, element_spec)
 
 
-DEFAULT_BATCH_SIZE = 32
-"""Keras's default `batch_size` for array inputs."""
-
-
 def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
                     class_weight=None, shuffle=True, validation_split=0.0,
                     validation_data=None, validation_batch_size=None):
@@ -148,7 +144,7 @@ def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
             f"Both validation_split={validation_split!r} and validation_data were given; "
             "Keras would silently use validation_data only. Pass one of them.")
     if arrays.is_array_input(x):
-        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        batch_size = _or_default(batch_size)
         train_part, validation_part = arrays.split_validation(x, y, sample_weight,
                                                               validation_split or 0.0)
         seed = agreed_seed(strategy) if shuffle else None
@@ -162,8 +158,8 @@ def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
         train = _dataset_input(strategy, x, shuffle, class_weight)
     validation = None
     if validation_data is not None:
-        validation = _validation_inputs(validation_data,
-                                        validation_batch_size or batch_size)
+        validation = _validation_inputs(
+            validation_data, batch_size if validation_batch_size is None else validation_batch_size)
     return train, validation
 
 
@@ -176,7 +172,7 @@ def evaluation_inputs(x, y=None, *, batch_size=None, sample_weight=None):
     """
     if arrays.is_array_input(x):
         return arrays.array_dataset(x, y, sample_weight,
-                                    batch_size=batch_size or DEFAULT_BATCH_SIZE, shuffle=False)
+                                    batch_size=_or_default(batch_size), shuffle=False)
     _check_dataset_arguments(x, y=y, batch_size=batch_size, sample_weight=sample_weight)
     return x
 
@@ -210,6 +206,11 @@ def agreed_seed(strategy):
     return int(np.round(share().numpy()))
 
 
+def _or_default(batch_size):
+    """Keras's default batch size (32) when none was given; a given one is checked later."""
+    return arrays.DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+
+
 def _validation_inputs(validation_data, batch_size):
     if isinstance(validation_data, (list, tuple)) and arrays.is_array_input(validation_data):
         if len(validation_data) not in (2, 3):
@@ -218,7 +219,7 @@ def _validation_inputs(validation_data, batch_size):
                 f"sample_weight_val); got a {type(validation_data).__name__} of "
                 f"{len(validation_data)} items.")
         return arrays.array_dataset(*validation_data,
-                                    batch_size=batch_size or DEFAULT_BATCH_SIZE, shuffle=False)
+                                    batch_size=_or_default(batch_size), shuffle=False)
     return validation_data  # a dataset: validation_batch_size applies to arrays only, as in Keras
 
 
