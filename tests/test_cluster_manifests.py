@@ -1,6 +1,7 @@
-"""recipes/cluster/tfjob.yaml: the Kubeflow TFJob that runs the Transformer recipe.
+"""recipes/cluster/tfjob.yaml and tfjob-ps.yaml: the Kubeflow TFJobs that run the
+Transformer recipe (multi_worker_mirrored, and parameter_server).
 
-Checks the manifest's fields, then builds the TF_CONFIG the training
+Checks the manifests' fields, then builds the TF_CONFIG the training
 operator (kubeflow/training-operator v1, `genClusterSpec` and
 `genTFConfigJSONStr` in pkg/controller.v1/tensorflow/tensorflow.go) injects
 into each replica's pod, and checks that tfdist accepts every one of them
@@ -17,24 +18,26 @@ import pytest
 import yaml
 
 from tfdist.cluster import TFConfigError, parse_tf_config
+from tfdist.launch import cluster as launch_cluster
 from tfdist.recipes.runner import CLUSTER_LOST_EXIT_CODE
 from tfdist.stop_signals import PREEMPTED_EXIT_CODE
 from tfdist.strategy import choose_strategy, task_info
 
 TFJOB = os.path.join(mw.REPO_ROOT, "recipes", "cluster", "tfjob.yaml")
+TFJOB_PS = os.path.join(mw.REPO_ROOT, "recipes", "cluster", "tfjob-ps.yaml")
 DEFAULT_PORT = 2222          # the operator's TFJobDefaultPort
 PORT_NAME = "tfjob-port"     # the operator's TFJobDefaultPortName
 CONTAINER = "tensorflow"     # the operator's TFJobDefaultContainerName
 
 
-def documents():
-    with open(TFJOB) as stream:
+def documents(path=TFJOB):
+    with open(path) as stream:
         return [doc for doc in yaml.safe_load_all(stream) if doc]
 
 
-def the(kind, docs=None):
-    found = [doc for doc in (docs or documents()) if doc["kind"] == kind]
-    assert len(found) == 1, f"{TFJOB} should hold one {kind}, has {len(found)}"
+def the(kind, docs=None, path=TFJOB):
+    found = [doc for doc in (docs or documents(path)) if doc["kind"] == kind]
+    assert len(found) == 1, f"{path} should hold one {kind}, has {len(found)}"
     return found[0]
 
 
@@ -203,3 +206,141 @@ def test_a_master_replica_would_be_refused():
     raw = operator_tf_configs(tfjob)[("master", 0)]
     with pytest.raises(TFConfigError, match="unknown task type 'master'"):
         parse_tf_config(raw)
+
+
+# ---------------------------------------------------------------- tfjob-ps.yaml (parameter_server)
+
+def ps_specs():
+    return the("TFJob", path=TFJOB_PS)["spec"]["tfReplicaSpecs"]
+
+
+def env_of(spec):
+    return {env["name"]: env.get("value") for env in container(spec).get("env", [])}
+
+
+def test_ps_tfjob_has_one_chief_workers_and_ps_tasks_and_cleans_up_the_servers():
+    tfjob = the("TFJob", path=TFJOB_PS)
+    assert tfjob["apiVersion"] == "kubeflow.org/v1"
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    assert set(specs) == {"Chief", "Worker", "PS"}
+    assert specs["Chief"]["replicas"] == 1
+    assert specs["Worker"]["replicas"] >= 1 and specs["PS"]["replicas"] >= 1
+    # Workers and ps tasks serve until stopped: when the chief ends the job,
+    # the operator must delete them (None would leave them running forever).
+    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    backoff = tfjob["spec"]["runPolicy"]["backoffLimit"]
+    assert isinstance(backoff, int) and backoff >= 1
+    assert tfjob["metadata"]["name"] != the("TFJob")["metadata"]["name"]
+
+
+def test_ps_tfjob_runs_the_same_parameter_server_command_in_every_replica():
+    specs = ps_specs()
+    for replica_type, spec in specs.items():
+        main = container(spec)
+        assert main["image"] == "tfdist:latest", replica_type
+        assert "command" not in main, replica_type  # the image's ENTRYPOINT stays in front
+        args = main["args"]
+        assert args[:3] == ["python", "-m", "tfdist.recipes.transformer"], replica_type
+        assert args[args.index("--strategy") + 1] == "parameter_server", replica_type
+        assert replica_port(spec) == DEFAULT_PORT
+        assert "TF_CONFIG" not in env_of(spec), "the operator writes TF_CONFIG"
+        assert env_of(spec)["TFDIST_STARTUP_TIMEOUT"] == "1800", replica_type
+    assert len({json.dumps(container(spec)["args"]) for spec in specs.values()}) == 1
+
+
+def test_ps_tfjob_gives_gpus_to_the_workers_only():
+    specs = ps_specs()
+    gpus = container(specs["Worker"])["resources"]["limits"]["nvidia.com/gpu"]
+    assert int(gpus) >= 1
+    for replica_type in ("Chief", "PS"):
+        resources = container(specs[replica_type]).get("resources", {})
+        assert "nvidia.com/gpu" not in resources.get("limits", {}), replica_type
+        # Hidden as well, so that TensorFlow takes no GPU memory there even
+        # where the runtime exposes every GPU to every container.
+        assert env_of(specs[replica_type])["CUDA_VISIBLE_DEVICES"] == "", replica_type
+
+
+def test_ps_tfjob_model_dir_is_on_a_volume_the_chief_writes():
+    docs = documents(TFJOB_PS)
+    claim = the("PersistentVolumeClaim", docs, path=TFJOB_PS)
+    assert claim["metadata"]["name"] != the("PersistentVolumeClaim")["metadata"]["name"]
+    chief = the("TFJob", docs, path=TFJOB_PS)["spec"]["tfReplicaSpecs"]["Chief"]
+    pod = chief["template"]["spec"]
+    args = container(chief)["args"]
+    model_dir = args[args.index("--model-dir") + 1]
+    mounts = [mount for mount in container(chief)["volumeMounts"]
+              if model_dir.startswith(mount["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"--model-dir {model_dir} is on no volume of the chief"
+    assert not mounts[0].get("readOnly", False)
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes[mounts[0]["name"]]["persistentVolumeClaim"]["claimName"] == \
+        claim["metadata"]["name"]
+    assert pod["securityContext"]["fsGroup"] == 1000  # the image's uid 1000 writes there
+
+
+def test_ps_tfjob_restarts_lost_servers_whatever_ended_them_and_the_chief_by_exit_code():
+    specs = ps_specs()
+    chief = specs["Chief"]
+    assert chief["restartPolicy"] == "ExitCode"
+    assert operator_restarts("ExitCode", PREEMPTED_EXIT_CODE)    # backup written: resume
+    assert operator_restarts("ExitCode", 137)                    # killed, OOM
+    assert operator_restarts("ExitCode", CLUSTER_LOST_EXIT_CODE)  # a ps task lost: 141
+    assert not operator_restarts("ExitCode", 2)                  # bad flag or config
+    assert not operator_restarts("ExitCode", 1)
+    assert chief["template"]["spec"]["terminationGracePeriodSeconds"] >= 60  # step + backup
+    for replica_type in ("Worker", "PS"):
+        policy = specs[replica_type]["restartPolicy"]
+        assert policy in ("OnFailure", "Always"), replica_type
+        # A serving task comes back whatever ended it; the chief's coordinator
+        # uses a worker again once it is back.
+        for code in (1, 2, 137, PREEMPTED_EXIT_CODE, CLUSTER_LOST_EXIT_CODE):
+            assert operator_restarts(policy, code), (replica_type, code)
+
+
+def test_ps_recipe_accepts_the_tfjob_flags(tmp_path):
+    args = list(container(ps_specs()["Chief"])["args"])
+    args[args.index("--model-dir") + 1] = str(tmp_path / "run")
+    job = subprocess.run([sys.executable, *args[1:], "--print-config"], cwd=mw.REPO_ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=mw.REPO_ROOT))
+    assert job.returncode == 0, job.stderr
+    assert "strategy: parameter_server" in job.stdout
+
+
+@pytest.mark.parametrize("cluster_domain", [None, "cluster.local"])
+def test_every_ps_tfjob_replica_accepts_its_tf_config(cluster_domain):
+    tfjob = the("TFJob", path=TFJOB_PS)
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    workers, ps = specs["Worker"]["replicas"], specs["PS"]["replicas"]
+    configs = operator_tf_configs(tfjob, cluster_domain)
+    assert len(configs) == 1 + workers + ps
+    suffix = ".cluster.local" if cluster_domain else ""
+
+    def addresses(kind, count):
+        return tuple(f"tfdist-transformer-ps-{kind}-{i}.default.svc{suffix}:2222"
+                     for i in range(count))
+
+    chiefs, ranks = [], []
+    for (kind, index), raw in configs.items():
+        config = parse_tf_config(raw)
+        assert dict(config.cluster) == {"chief": addresses("chief", 1),
+                                        "worker": addresses("worker", workers),
+                                        "ps": addresses("ps", ps)}
+        assert (config.task_type, config.task_index) == (kind, index)
+        assert config.own_address == addresses(kind, index + 1)[index]
+        assert config.num_workers == 1 + workers  # the chief and the workers train
+        if config.is_chief:
+            chiefs.append((kind, index))
+        if kind == "ps":
+            assert config.worker_index is None
+        else:
+            ranks.append(config.worker_index)
+    assert chiefs == [("chief", 0)]
+    assert sorted(ranks) == list(range(1 + workers))
+    # The local launcher (`python -m tfdist.launch --workers N --ps M`) builds
+    # the same task types, so a program tried there runs unchanged here.
+    local = launch_cluster.cluster_spec(
+        "127.0.0.1", list(range(3000, 3001 + workers + ps)),
+        launch_cluster.job_tasks(workers, ps))
+    assert {kind: len(hosts) for kind, hosts in local.items()} == \
+        {kind: len(hosts) for kind, hosts in config.cluster.items()}

@@ -8,7 +8,7 @@ TensorFlow, so it starts instantly.
 
 Command line:
 
-    python -m tfdist.launch --workers N [--devices-per-worker M] [--gpus-per-worker K]
+    python -m tfdist.launch --workers N [--ps P] [--devices-per-worker M] [--gpus-per-worker K]
         [--startup-timeout S] [--timeout T] [--grace-period G] [--max-restarts R]
         [--network private|shared] [--host 127.0.0.1] -- <command...>
 
@@ -55,6 +55,26 @@ Python API:
 
     from tfdist.launch import launch
     status = launch(["python", "train.py"], workers=2, timeout=600)
+
+Parameter-server jobs (--ps P, P >= 1; `tf.distribute.ParameterServerStrategy`):
+the launcher starts 1 + N + P processes of the command, with TF_CONFIG cluster
+{"chief": [a], "worker": [N addresses], "ps": [P addresses]} and output
+prefixed "[chief] ", "[worker i] ", "[ps j] ". The chief (TFDIST_RANK 0) runs
+the training loop; the workers (TFDIST_RANK 1..N) and ps tasks (no
+TFDIST_RANK) serve it until stopped; TFDIST_WORLD_SIZE is 1 + N for every task.
+--devices-per-worker and --gpus-per-worker apply to the chief and the workers
+(the chief gets the first group of GPUs); ps tasks get no
+TFDIST_DEVICES_PER_WORKER and, with --gpus-per-worker, CUDA_VISIBLE_DEVICES="".
+Every task, ps tasks too, must create its TFDIST_READY_FILE by the start-up
+deadline. The job's exit status is the chief's: when the chief exits, the
+workers and ps tasks are stopped (SIGTERM, then SIGKILL after the grace
+period) and how they end is not a failure. A worker that exits while the
+chief runs is not fatal (the chief's coordinator re-schedules its steps on the
+other workers; the launcher does not restart it). A ps task that exits, or the
+last worker, makes the chief fail: the chief gets the grace period to exit
+(its status is the job's), then the job is stopped with the lost task's status
+(1 if it exited 0). --max-restarts restarts the whole job when it ends
+non-zero.
 
 On a real cluster no launcher is needed: TF_CONFIG is set by the cluster
 (Kubeflow's TFJob, SLURM through `SlurmClusterResolver`, ...) and each machine

@@ -42,12 +42,20 @@ def build_parser():
                "the cluster (Kubeflow TFJob, SLURM, ...) and no launcher is needed.")
     parser.add_argument("--workers", type=_positive_int, required=True,
                         help="number of worker processes (>= 1)")
+    parser.add_argument("--ps", type=int_at_least(0), default=0,
+                        help="number of parameter-server tasks (default 0). With M >= 1 the "
+                             "job is 1 chief + N workers + M ps tasks of the same command "
+                             "(tf.distribute.ParameterServerStrategy): its exit status is the "
+                             "chief's, a lost worker is not fatal, a lost ps task fails the "
+                             "chief")
     parser.add_argument("--devices-per-worker", type=_positive_int, default=None,
-                        help="exported to each worker as TFDIST_DEVICES_PER_WORKER")
+                        help="exported to each worker (and the chief) as "
+                             "TFDIST_DEVICES_PER_WORKER")
     parser.add_argument("--gpus-per-worker", type=_positive_int, default=None,
                         help="give each worker K GPUs of its own (CUDA_VISIBLE_DEVICES: "
-                             "worker i gets the i-th K of the launcher's GPUs); default: "
-                             "every worker sees every GPU")
+                             "worker i gets the i-th K of the launcher's GPUs; with --ps the "
+                             "chief gets the first K, ps tasks none); default: every worker "
+                             "sees every GPU")
     parser.add_argument("--startup-timeout", type=_seconds, default=300.0,
                         help="seconds for every worker to create its TFDIST_READY_FILE "
                              "or exit 0 (default 300; 0 disables); exit 125 otherwise")
@@ -125,7 +133,7 @@ def main(argv=None):
               "every interface of this machine (0.0.0.0:PORT), not only on --host, and accept "
               "unauthenticated requests; keep the machine behind a firewall.", file=sys.stderr)
     try:
-        return launch(args.command, args.workers,
+        return launch(args.command, args.workers, ps=args.ps,
                       devices_per_worker=args.devices_per_worker,
                       gpus_per_worker=args.gpus_per_worker,
                       startup_timeout=args.startup_timeout, timeout=args.timeout,

@@ -1,5 +1,9 @@
 """`launch`: start N localhost workers of one command and supervise them until
 they all succeed, one fails, a deadline passes or the launcher is signalled.
+
+With ps tasks (`launch(..., ps=M)`) the job is a parameter-server job: a chief
+that runs the training loop, N workers and M ps tasks that serve it, and the
+chief's exit decides the job (see `launch`).
 """
 
 import math
@@ -37,7 +41,7 @@ NOT_RESTARTED = (EXIT_TIMEOUT, EXIT_CANNOT_START, 126)
 """Job outcomes a restart cannot mend: the job deadline, a command that cannot start."""
 
 
-def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
+def launch(command, workers, *, ps=0, devices_per_worker=None, gpus_per_worker=None,
            startup_timeout=300.0, timeout=None, host="127.0.0.1", output=None, errors=None,
            env=None, grace_period=DEFAULT_GRACE_PERIOD, max_restarts=0):
     """Runs `command` as `workers` localhost workers and returns the exit status.
@@ -65,15 +69,40 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
     announced with its reason. A signal to the launcher, the job deadline and
     a command that cannot start are not restarted.
 
+    With `ps=M` >= 1 it is a parameter-server job of 1 + `workers` + M
+    processes of `command`: TF_CONFIG names a "chief" (the coordinator, the
+    only task that runs the training loop; TFDIST_RANK 0), `workers` "worker"
+    tasks (TFDIST_RANK 1..N) and M "ps" tasks (no TFDIST_RANK), prefixed
+    "[chief] ", "[worker i] " and "[ps j] ". Workers and ps tasks serve until
+    stopped, so:
+
+    - the job's status is the chief's: when the chief exits (any status) the
+      workers and ps tasks are stopped (SIGTERM, SIGKILL after
+      `grace_period`), and how they end then is no failure;
+    - a worker that exits while the chief runs is not fatal (a line says so):
+      the chief's coordinator re-schedules its steps on the other workers;
+    - a ps task that exits, or the last worker, makes the chief fail: it gets
+      `grace_period` seconds to exit (its status is then the job's), after
+      which the job is stopped with the lost task's status (1 if it exited 0);
+    - every task, ps tasks included, must create its TFDIST_READY_FILE (or
+      have exited) within `startup_timeout`;
+    - `max_restarts` restarts the whole job when it ends with a non-zero
+      status, as without ps tasks.
+
     Args:
         command: the worker command as a non-empty list of strings.
         workers: the number of workers, an int >= 1.
-        devices_per_worker: exported as TFDIST_DEVICES_PER_WORKER (int >= 1),
-            or None to leave it unset.
+        ps: the number of parameter-server tasks, an int >= 0 (default 0: no
+            chief and no ps tasks, every task is a worker).
+        devices_per_worker: exported as TFDIST_DEVICES_PER_WORKER (int >= 1)
+            to the workers (and the chief; never to ps tasks), or None to leave
+            it unset.
         gpus_per_worker: GPUs of its own for each worker (int >= 1): worker i
             gets the i-th group of that many of the launcher's GPUs as its
-            CUDA_VISIBLE_DEVICES; more than there are is a ValueError. None
-            (default): every worker sees every GPU.
+            CUDA_VISIBLE_DEVICES; more than there are is a ValueError. With ps
+            tasks the chief gets the first group, worker i the (i+1)-th, and
+            ps tasks none (CUDA_VISIBLE_DEVICES=""). None (default): every
+            task sees every GPU.
         startup_timeout: seconds within which every worker must create its
             TFDIST_READY_FILE or exit 0; 0 or None disables the check.
             Failing it returns `EXIT_STARTUP_TIMEOUT` (125).
@@ -104,9 +133,12 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
     [worker 0] 0
     [worker 1] 1
     0
+    >>> launch(["python", "ps_train.py"], workers=2, ps=1)  # doctest: +SKIP
+    0
     """
     command = _check_command(command)
     workers = _check_count("workers", workers)
+    ps = _check_count("ps", ps, minimum=0)
     if devices_per_worker is not None:
         devices_per_worker = _check_count("devices_per_worker", devices_per_worker)
     if gpus_per_worker is not None:
@@ -121,22 +153,21 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
     out = Sink(sys.stdout if output is None else output)
     err = Sink(sys.stderr if errors is None else errors)
     base_env = dict(os.environ if env is None else env)
-    gpu_groups = [None] * workers
-    if gpus_per_worker is not None:
-        gpu_groups = gpus_lib.assign_gpus(gpus_lib.visible_gpus(base_env), workers,
-                                          gpus_per_worker)
+    tasks = cluster_lib.job_tasks(workers, ps)
+    gpu_groups = _gpu_groups(tasks, base_env, gpus_per_worker)
 
     if "TF_CONFIG" in base_env:
         err.write_line(MESSAGE_PREFIX + "TF_CONFIG from the environment is replaced "
                        "by the launcher's localhost cluster for each worker.")
     if gpus_per_worker is not None:
         err.write_line(MESSAGE_PREFIX + "GPUs per worker: " + "; ".join(
-            f"worker {rank}: {','.join(group)}" for rank, group in enumerate(gpu_groups)))
+            f"{cluster_lib.task_label(task)}: {','.join(group) or 'none'}"
+            for task, group in zip(tasks, gpu_groups)))
     started = time.monotonic()
     restarts = 0
     while True:
         remaining = None if not timeout else max(timeout - (time.monotonic() - started), 0.001)
-        job = _run_once(command, workers, host, base_env, devices_per_worker, gpu_groups,
+        job = _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
                         startup_timeout, remaining, out, err, grace_period)
         status = job.status
         if (status == 0 or restarts >= max_restarts or job.signals
@@ -150,34 +181,65 @@ def launch(command, workers, *, devices_per_worker=None, gpus_per_worker=None,
                        f"with {job.reason}; starting it again (it resumes from its backups).")
 
 
-def _run_once(command, workers, host, base_env, devices_per_worker, gpu_groups,
+def _gpu_groups(tasks, base_env, gpus_per_worker):
+    """Each task's GPU ids (None for all: no --gpus-per-worker). The chief and
+    the workers get a group each, in task order; ps tasks get none ([])."""
+    if gpus_per_worker is None:
+        return [None] * len(tasks)
+    computing = [task for task in tasks if task[0] != "ps"]
+    try:
+        groups = iter(gpus_lib.assign_gpus(gpus_lib.visible_gpus(base_env), len(computing),
+                                           gpus_per_worker))
+    except ValueError as error:
+        if len(computing) == len(tasks):
+            raise
+        raise ValueError(f"{error} With ps tasks the chief counts as a worker: "
+                         f"{len(computing)} = 1 chief + {len(computing) - 1} worker(s); "
+                         "ps tasks get no GPU.") from None
+    return [[] if task[0] == "ps" else next(groups) for task in tasks]
+
+
+def _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
               startup_timeout, timeout, out, err, grace_period):
-    """Starts the workers on fresh ports and supervises them; returns the `_Job`."""
-    ports = cluster_lib.free_ports(workers, host)
-    cluster = cluster_lib.cluster_spec(host, ports)
+    """Starts the tasks on fresh ports and supervises them; returns the `_Job`."""
+    ports = cluster_lib.free_ports(len(tasks), host)
+    cluster = cluster_lib.cluster_spec(host, ports, tasks)
     ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
     try:
-        ready_files = [os.path.join(ready_dir, f"worker-{rank}.ready")
-                       for rank in range(workers)]
-        worker_deadline = cluster_lib.worker_startup_timeout(startup_timeout)
-        envs = [cluster_lib.worker_env(base_env, cluster, rank, ready_files[rank],
-                                       devices_per_worker, worker_deadline,
-                                       gpus=gpu_groups[rank])
-                for rank in range(workers)]
-        err.write_line(MESSAGE_PREFIX + f"starting {workers} worker(s) on "
-                       f"{', '.join(cluster['worker'])}: {shlex.join(command)}")
-        job = _Job(command, envs, ready_files, out, err, grace_period)
+        ready_files = [os.path.join(ready_dir, f"{kind}-{index}.ready") for kind, index in tasks]
+        task_deadline = cluster_lib.worker_startup_timeout(startup_timeout)
+        envs = [cluster_lib.task_env(base_env, cluster, task, ready_file, devices_per_worker,
+                                     task_deadline, gpus=gpus)
+                for task, ready_file, gpus in zip(tasks, ready_files, gpu_groups)]
+        job_class = _ParameterServerJob if "ps" in cluster else _Job
+        err.write_line(MESSAGE_PREFIX + f"starting {job_class.describe_cluster(cluster)}: "
+                       f"{shlex.join(command)}")
+        job = job_class(command, tasks, envs, ready_files, out, err, grace_period)
         job.status = job.run(startup_timeout, timeout)
         return job
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
 
 
-class _Job:
-    """The supervising loop of one launch."""
+def _name_tasks(labels):
+    """"worker(s) 0, 2" when all are workers, else the labels: "chief, ps 0"."""
+    if all(label.startswith("worker ") for label in labels):
+        return "worker(s) " + ", ".join(label.split()[1] for label in labels)
+    return ", ".join(labels)
 
-    def __init__(self, command, envs, ready_files, out, err, grace_period):
+
+class _Job:
+    """The supervising loop of one launch, where every task is a worker and
+    all are peers: the job succeeds when every worker exits 0 and fails with
+    the first that does not."""
+
+    EVERYONE = "all workers"
+    """How messages name every task of the job."""
+
+    def __init__(self, command, tasks, envs, ready_files, out, err, grace_period):
         self.command = command
+        self.kinds = [kind for kind, _ in tasks]
+        self.labels = [cluster_lib.task_label(task) for task in tasks]
         self.envs = envs
         self.ready_files = ready_files
         self.out = out
@@ -188,6 +250,11 @@ class _Job:
         self.signals = []
         self.status = None
         self.reason = None
+
+    @staticmethod
+    def describe_cluster(cluster):
+        """What the start-up line says is being started."""
+        return f"{len(cluster['worker'])} worker(s) on {', '.join(cluster['worker'])}"
 
     def say(self, text):
         self.err.write_line(MESSAGE_PREFIX + text)
@@ -214,17 +281,17 @@ class _Job:
         return previous
 
     def _start(self):
-        for rank, env in enumerate(self.envs):
+        for label, env in zip(self.labels, self.envs):
             try:
                 proc = processes.start_worker(self.command, env)
             except OSError as error:
-                self.say(f"cannot start worker {rank} ({shlex.join(self.command)}): "
+                self.say(f"cannot start {label} ({shlex.join(self.command)}): "
                          f"{error}; stopping the workers already started.")
                 self._stop(signal.SIGTERM)
                 return 126 if isinstance(error, PermissionError) else EXIT_CANNOT_START
             self.procs.append(proc)
-            self.pump.add(proc.stdout, f"[worker {rank}] ", self.out)
-            self.pump.add(proc.stderr, f"[worker {rank}] ", self.err)
+            self.pump.add(proc.stdout, f"[{label}] ", self.out)
+            self.pump.add(proc.stderr, f"[{label}] ", self.err)
         return None
 
     def _supervise(self, startup_timeout, timeout):
@@ -239,39 +306,49 @@ class _Job:
                 self._stop(signum)
                 return 128 + signum
             codes = [proc.poll() for proc in self.procs]
-            for rank, code in enumerate(codes):
-                if code == PREEMPTED_EXIT_CODE:
-                    self.reason = f"worker {rank} preempted (exit {code}, backup written)"
-                    self.say(f"worker {rank} stopped after SIGTERM/SIGINT with its backup "
-                             "written; waiting for the others, which stop at the same step.")
-                    self._stop(None)
-                    return code
-                if code is not None and code != 0:
-                    self.reason = f"worker {rank} failed ({processes.describe_exit(code)})"
-                    self.say(f"worker {rank} failed with {processes.describe_exit(code)}; "
-                             "stopping the other workers.")
-                    self._stop(signal.SIGTERM)
-                    return processes.exit_status(code)
-            if all(code == 0 for code in codes):
-                return 0
+            status = self._check_exits(codes)
+            if status is not None:
+                return status
             elapsed = time.monotonic() - started
             if startup_timeout and not all(ready):
-                ready = [r or code == 0 or os.path.exists(path)
+                # A task that has exited is not waited for: a worker that failed
+                # has ended the job already, one that exited 0 counts as ready.
+                ready = [r or code is not None or os.path.exists(path)
                          for r, code, path in zip(ready, codes, self.ready_files)]
                 if not all(ready) and elapsed > startup_timeout:
-                    late = [rank for rank, r in enumerate(ready) if not r]
-                    self.reason = f"worker(s) {', '.join(map(str, late))} not ready in time"
-                    self.say(f"worker(s) {', '.join(map(str, late))} did not become ready "
+                    late = _name_tasks([label for label, r in zip(self.labels, ready) if not r])
+                    self.reason = f"{late} not ready in time"
+                    self.say(f"{late} did not become ready "
                              f"within the start-up deadline of {startup_timeout:g}s "
-                             "(no TFDIST_READY_FILE created and not exited 0); "
-                             "stopping all workers.")
+                             "(no TFDIST_READY_FILE created and still running); "
+                             f"stopping {self.EVERYONE}.")
                     self._stop(signal.SIGTERM)
                     return EXIT_STARTUP_TIMEOUT
             if timeout and elapsed > timeout:
                 self.say(f"job deadline of {timeout:g}s (--timeout) exceeded; "
-                         "stopping all workers.")
+                         f"stopping {self.EVERYONE}.")
                 self._stop(signal.SIGTERM)
                 return EXIT_TIMEOUT
+
+    def _check_exits(self, codes):
+        """Called every tick with each task's `Popen.poll()`; returns the job's
+        exit status once it is decided (the others stopped), else None."""
+        for label, code in zip(self.labels, codes):
+            if code == PREEMPTED_EXIT_CODE:
+                self.reason = f"{label} preempted (exit {code}, backup written)"
+                self.say(f"{label} stopped after SIGTERM/SIGINT with its backup "
+                         "written; waiting for the others, which stop at the same step.")
+                self._stop(None)
+                return code
+            if code is not None and code != 0:
+                self.reason = f"{label} failed ({processes.describe_exit(code)})"
+                self.say(f"{label} failed with {processes.describe_exit(code)}; "
+                         "stopping the other workers.")
+                self._stop(signal.SIGTERM)
+                return processes.exit_status(code)
+        if all(code == 0 for code in codes):
+            return 0
+        return None
 
     def _stop(self, signum):
         """Sends `signum` to every worker group (None: sends nothing, the
@@ -285,10 +362,10 @@ class _Job:
         while (any(proc.poll() is None for proc in self.procs)
                and time.monotonic() < deadline and len(self.signals) <= seen):
             self.pump.poll(TICK)
-        stubborn = [rank for rank, proc in enumerate(self.procs) if proc.poll() is None]
+        stubborn = [label for label, proc in zip(self.labels, self.procs) if proc.poll() is None]
         if stubborn:
             after = processes.signal_name(signum) if signum is not None else "the first one stopped"
-            self.say(f"worker(s) {', '.join(map(str, stubborn))} still running "
+            self.say(f"{_name_tasks(stubborn)} still running "
                      f"{self.grace_period:g}s after {after}; sending SIGKILL.")
         for proc in self.procs:
             processes.signal_group(proc, signal.SIGKILL)
@@ -309,6 +386,72 @@ class _Job:
         self.pump.close()
 
 
+class _ParameterServerJob(_Job):
+    """The supervising loop of a parameter-server job: task 0 is the chief,
+    the only task that runs the training loop; the workers and ps tasks serve
+    it until they are stopped. The chief's exit is the job's."""
+
+    EVERYONE = "the chief, the workers and the ps tasks"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.announced = set()
+        self.lost = None  # (label, exit status, monotonic deadline) of a task the chief needs
+
+    @staticmethod
+    def describe_cluster(cluster):
+        return (f"a parameter-server job: chief on {cluster['chief'][0]}, "
+                f"{len(cluster['worker'])} worker(s) on {', '.join(cluster['worker'])}, "
+                f"{len(cluster['ps'])} ps task(s) on {', '.join(cluster['ps'])}")
+
+    def _check_exits(self, codes):
+        if codes[0] is not None:
+            return self._chief_exited(codes[0])
+        for index, code in enumerate(codes):
+            if code is not None and index not in self.announced:
+                self.announced.add(index)
+                self._server_exited(index, code, codes)
+        if self.lost and time.monotonic() > self.lost[2]:
+            label, status, _ = self.lost
+            self.reason = f"{label} lost (exit status {status})"
+            self.say(f"the chief did not exit within {self.grace_period:g}s (--grace-period) "
+                     f"after {label} was lost; stopping the job with {label}'s exit "
+                     f"status {status}.")
+            self._stop(signal.SIGTERM)
+            return status
+        return None
+
+    def _chief_exited(self, code):
+        """The job ends with the chief: stop the servers, return its status."""
+        how = processes.describe_exit(code)
+        if code == PREEMPTED_EXIT_CODE:
+            self.reason = f"chief preempted (exit {code}, backup written)"
+        elif code != 0:
+            self.reason = f"chief failed ({how})"
+        self.say(f"chief exited with {how}, the job's exit status; stopping the workers "
+                 "and ps tasks (how they end now is not a failure).")
+        self._stop(signal.SIGTERM)
+        return processes.exit_status(code)
+
+    def _server_exited(self, index, code, codes):
+        """Task `index`, a worker or ps task, ended while the chief runs: a lost
+        worker is replaced by the others; without a ps task, or any worker,
+        the chief cannot go on and gets the grace period to exit."""
+        label, how = self.labels[index], processes.describe_exit(code)
+        workers_left = [c for kind, c in zip(self.kinds, codes) if kind == "worker" and c is None]
+        is_worker = self.kinds[index] == "worker"
+        if is_worker and workers_left:
+            self.say(f"{label} exited with {how}; the chief's coordinator re-schedules its "
+                     "steps on the other workers.")
+            return
+        why = "no worker is left" if is_worker else "its share of the variables is lost"
+        self.say(f"{label} exited with {how}; the chief will fail ({why}): waiting up to "
+                 f"{self.grace_period:g}s (--grace-period) for the chief to exit.")
+        if self.lost is None:
+            status = processes.exit_status(code) or 1
+            self.lost = (label, status, time.monotonic() + self.grace_period)
+
+
 def _check_command(command):
     if (isinstance(command, (str, bytes)) or not command
             or not all(isinstance(part, str) for part in command)):
@@ -317,9 +460,9 @@ def _check_command(command):
     return list(command)
 
 
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+def _check_count(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return value
 
 
