@@ -12,7 +12,8 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None):
+def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None,
+           ps=0):
     """Runs `python -m tfdist.launch --workers N -- <args>` and returns the
     `subprocess.CompletedProcess` (text, stdout and stderr merged into stdout).
 
@@ -27,6 +28,8 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
                "--grace-period", "2"]
     if devices_per_worker is not None:
         command += ["--devices-per-worker", str(devices_per_worker)]
+    if ps:
+        command += ["--ps", str(ps)]  # a chief, `workers` workers and `ps` ps tasks
     worker = list(args)
     if worker and (worker[0] == "-m" or worker[0].endswith(".py")):
         worker = [sys.executable] + worker

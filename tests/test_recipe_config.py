@@ -47,7 +47,7 @@ def test_unknown_yaml_key_lists_the_valid_ones(tmp_path):
     (["--global-batch-size", "many"], "global_batch_size must be int, got 'many'"),
     (["--precision", "fp8"], "Unknown precision 'fp8'. Valid precisions: auto, float32"),
     (["--strategy", "mirorred"], "Unknown strategy 'mirorred'. Valid names: auto, default"),
-    (["--strategy", "parameter_server"], "does not support 'parameter_server' yet"),
+    (["--strategy", "central_storage"], "does not support 'central_storage' yet"),
     (["--profile-steps", "9-3"], "A-B with 1 <= A <= B"),
     (["--tf-log-level", "5"], "tf_log_level=5 is not allowed"),
     (["--xla", "maybe"], "xla='maybe' is not allowed"),
@@ -198,6 +198,15 @@ def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refu
     else:
         check_cluster_resolver(config)
     check_cluster_resolver(parse(["--strategy", strategy]))  # tf_config: always fine
+
+
+def test_slurm_resolver_is_refused_with_parameter_servers():
+    from tfdist.recipes.runner import check_cluster_resolver
+
+    with pytest.raises(ConfigError, match="parameter_server reads its chief, worker and ps "
+                                          "tasks from TF_CONFIG only"):
+        check_cluster_resolver(parse(["--strategy", "parameter_server",
+                                      "--cluster-resolver", "slurm"]))
 
 
 def test_print_config_shows_both_flags_and_what_gpu_memory_does_here():

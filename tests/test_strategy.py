@@ -139,10 +139,26 @@ def test_auto_on_the_evaluator_task_stays_local(monkeypatch):
     assert name == "one_device" and "evaluator" in reason
 
 
-def test_auto_refuses_parameter_servers(monkeypatch):
+def test_auto_picks_parameter_server_when_the_cluster_has_ps_tasks(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", tf_config(workers=2, ps=["127.0.0.1:4000"]))
-    with pytest.raises(ValueError, match="'ps' tasks.*does not support 'parameter_server'"):
-        create_strategy("auto")
+    name, reason = choose_strategy()
+    assert name == "parameter_server" and "1 ps task(s)" in reason
+
+
+def test_multi_worker_mirrored_refuses_ps_tasks_and_names_the_way_out(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", tf_config(workers=2, ps=["127.0.0.1:4000"]))
+    with pytest.raises(ValueError, match="'ps' tasks, which multi_worker_mirrored does not use"
+                                         ".*'parameter_server'"):
+        create_strategy("multi_worker_mirrored")
+
+
+def test_parameter_server_needs_chief_workers_and_ps(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", tf_config(workers=2))
+    with pytest.raises(ValueError, match="needs 'chief', 'worker' and 'ps' tasks.*no 'ps'"):
+        create_strategy("parameter_server")
+    monkeypatch.delenv("TF_CONFIG")
+    with pytest.raises(ValueError, match="tfdist.launch --workers N --ps M"):
+        create_strategy("parameter_server")
 
 
 def test_auto_with_malformed_tf_config_is_an_error(monkeypatch):

@@ -20,6 +20,10 @@ TRAINING_TASK_TYPES = ("chief", "worker")
 """Task types that take part in synchronous (multi-worker mirrored) training."""
 
 
+class StrategyStartupError(RuntimeError):
+    """A multi-worker or parameter-server cluster did not form within the deadline."""
+
+
 class TFConfigError(ValueError):
     """TF_CONFIG is malformed; the message names the field and the bad value."""
 

@@ -30,7 +30,8 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist.cluster import TRAINING_TASK_TYPES, ClusterConfig, parse_tf_config
+from tfdist.cluster import (TRAINING_TASK_TYPES, ClusterConfig,  # noqa: F401 (re-exported)
+                            StrategyStartupError, parse_tf_config)
 from tfdist.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
 from tfdist.ports import check_port_free
 from tfdist.strategy_names import (ALL_REDUCE_NAMES, STRATEGY_NAMES,  # noqa: F401 (re-exported)
@@ -46,10 +47,6 @@ DEFAULT_STARTUP_TIMEOUT = 300.0
 STARTUP_TIMEOUT_ENV = "TFDIST_STARTUP_TIMEOUT"
 DEVICES_PER_WORKER_ENV = "TFDIST_DEVICES_PER_WORKER"
 READY_FILE_ENV = "TFDIST_READY_FILE"
-
-
-class StrategyStartupError(RuntimeError):
-    """A multi-worker strategy could not reach its peers within the deadline."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +158,9 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
         strategy, note = _create_one_device(devices)
     elif key == "mirrored":
         strategy, note = _create_mirrored(devices, all_reduce)
+    elif key == "parameter_server":
+        cluster = cluster or _resolve_cluster(cluster_resolver)
+        strategy, note = _create_parameter_server(devices, cluster, startup_timeout)
     else:
         cluster = cluster or _resolve_cluster(cluster_resolver)
         strategy, note = _create_multi_worker(devices, all_reduce, cluster, collective_timeout,
@@ -269,7 +269,8 @@ def num_workers(strategy=None):
 
     Counted from the strategy's cluster resolver, so only a multi-worker
     strategy (`MultiWorkerMirroredStrategy` with TF_CONFIG, SLURM, ...) can
-    give more than 1. `MirroredStrategy`, `OneDeviceStrategy` and the
+    give more than 1. Under `ParameterServerStrategy` only the chief runs
+    the training program (workers run what it schedules): 1. `MirroredStrategy`, `OneDeviceStrategy` and the
     default strategy train in one process: 1, whatever `TF_CONFIG` says.
 
     Args:
@@ -285,8 +286,8 @@ def num_workers(strategy=None):
     if strategy is None and tf.distribute.has_strategy():
         strategy = tf.distribute.get_strategy()
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None:
-        return 1
+    if resolver is None or is_parameter_server(strategy):
+        return 1  # under parameter_server only the chief runs the program
     spec = resolver.cluster_spec().as_dict()
     return max(1, sum(len(spec.get(kind, ())) for kind in TRAINING_TASK_TYPES))
 
@@ -486,9 +487,10 @@ def _config_from_resolver(resolver):
 def _choose(devices, cluster):
     config = cluster.config
     if config is not None:
-        if "ps" in config.cluster:
-            raise ValueError(f"{cluster.source} has 'ps' tasks: "
-                             + UNSUPPORTED_STRATEGIES["parameter_server"])
+        if config.cluster.get("ps"):
+            return "parameter_server", (
+                f"{cluster.source} has {len(config.cluster['ps'])} ps task(s); this is "
+                f"{config.task_type} {config.task_index} at {config.own_address}")
         if config.task_type in TRAINING_TASK_TYPES and config.num_workers > 1:
             return "multi_worker_mirrored", (
                 f"{cluster.source} names {config.num_workers} workers (chief + worker tasks); "
@@ -602,9 +604,11 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
             "machine start the workers with `python -m tfdist.launch --workers N -- <command>`;"
             " on a cluster set TF_CONFIG on every worker (Kubeflow's TFJob does), or pass "
             "cluster_resolver='slurm' inside a SLURM job.")
-    if "ps" in config.cluster:
-        raise ValueError(f"{cluster.source} has 'ps' tasks: "
-                         + UNSUPPORTED_STRATEGIES["parameter_server"])
+    if config.cluster.get("ps"):
+        raise ValueError(
+            f"{cluster.source} has 'ps' tasks, which multi_worker_mirrored does not use (every "
+            "worker keeps a full copy of the variables). Use strategy 'parameter_server' (or "
+            "'auto'), or drop the 'ps' tasks from the cluster.")
     if config.task_type not in TRAINING_TASK_TYPES:
         raise ValueError(
             f"This process is the {config.task_type!r} task, which does not take part in "
@@ -669,6 +673,30 @@ def _create_multi_worker(devices, all_reduce, cluster, collective_timeout, start
         # recipes' --devices N and the launcher's --devices-per-worker N.
         note += f"; devices=N or {DEVICES_PER_WORKER_ENV}=N for N logical CPUs each"
     return strategy, note
+
+
+def _create_parameter_server(devices, cluster, startup_timeout):
+    from tfdist import ps_cluster  # pylint: disable=import-outside-toplevel
+
+    if devices is not None:
+        raise ValueError(
+            f"parameter_server takes no devices (got devices={devices!r}): each worker uses "
+            "its GPU, or its CPU; set CUDA_VISIBLE_DEVICES per worker task to choose.")
+    ps_cluster.check_parameter_server_cluster(cluster.config, cluster.source)
+    return ps_cluster.create_parameter_server_strategy(cluster.config, cluster.resolver,
+                                                       startup_timeout)
+
+
+def is_parameter_server(strategy):
+    """Whether `strategy` is TensorFlow's `ParameterServerStrategy` (asynchronous
+    training driven by the chief; see `tfdist.ps_cluster`).
+
+    Example:
+
+    >>> is_parameter_server(create_strategy("mirrored", devices=2))
+    False
+    """
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
 _mirrored_strategies_created = itertools.count(1)
@@ -806,6 +834,8 @@ def _startup_error(config, deadline, stage, error):
 def _name_of(strategy):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return "multi_worker_mirrored"
+    if is_parameter_server(strategy):
+        return "parameter_server"
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         return "mirrored"
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):

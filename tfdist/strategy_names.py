@@ -8,15 +8,11 @@ Example:
     key = check_strategy_name("mirrored")
 """
 
-STRATEGY_NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored")
+STRATEGY_NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker_mirrored",
+                  "parameter_server")
 """Names `create_strategy` accepts."""
 
 UNSUPPORTED_STRATEGIES = {
-    "parameter_server": (
-        "tfdist does not support 'parameter_server' yet: its training step is "
-        "synchronous all-reduce, and Keras 3 has no ParameterServerStrategy support in "
-        "fit. Use 'multi_worker_mirrored' (every worker keeps a full copy of the model) "
-        "and drop the 'ps' tasks from TF_CONFIG."),
     "central_storage": (
         "tfdist does not support 'central_storage' yet: it keeps variables on one "
         "device, which the all-reduce training step does not handle. Use 'mirrored' on "

@@ -107,6 +107,26 @@ class DatasetFn:
         self.repeat = self.training if repeat is None else bool(repeat)
         self.drop_remainder = bool(drop_remainder)
         self.plans = {}
+        self.parameter_server_workers = None
+
+    def for_parameter_server(self, num_workers):
+        """Returns a copy whose every worker reads only its own 1/`num_workers` of the records.
+
+        Under `ParameterServerStrategy` each worker builds this pipeline
+        (`ClusterCoordinator.create_per_worker_dataset`) with an input context
+        of one pipeline; the copy shards by
+        `tf.distribute.coordinator.experimental_get_current_worker_index()`.
+
+        Example:
+
+        >>> per_worker_fn = make_dataset_fn(source, 64).for_parameter_server(2)
+        """
+        copy = DatasetFn(self.source, self.global_batch_size, training=self.training,
+                         shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                         deterministic=self.deterministic, cache=self.cache, repeat=self.repeat,
+                         drop_remainder=self.drop_remainder)
+        copy.parameter_server_workers = int(num_workers)
+        return copy
 
     def __call__(self, input_context=None):
         if input_context is None:
@@ -123,6 +143,12 @@ class DatasetFn:
                     input_context.num_replicas_in_sync, source.describe())
 
         dataset = source.read(plan, shuffle_files=self.training, seed=self.seed)
+        if self.parameter_server_workers:
+            # Called on each worker through ClusterCoordinator.create_per_worker_dataset,
+            # where the input context says one pipeline: shard by the worker's index.
+            dataset = dataset.shard(
+                self.parameter_server_workers,
+                tf.distribute.coordinator.experimental_get_current_worker_index())
         dataset = dataset.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=True if source.keep_record_order else None)
         dataset = source.to_examples(dataset)
@@ -225,7 +251,9 @@ def distribute_dataset(strategy, source, global_batch_size, *, input_options=Non
 
     Returns:
         A `tf.distribute.DistributedDataset`; iterate it and pass elements to
-        `strategy.run`.
+        `strategy.run`. Under `ParameterServerStrategy`, the `DatasetFn`
+        itself: `Trainer.fit` builds it on every worker, each reading its own
+        shard of the records, and evaluates it on the chief.
 
     Raises:
         ValueError: `global_batch_size` not divisible by
@@ -241,4 +269,8 @@ def distribute_dataset(strategy, source, global_batch_size, *, input_options=Non
     """
     per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
     dataset_fn = make_dataset_fn(source, global_batch_size, **kwargs)
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        # The chief cannot distribute a dataset itself: the Trainer builds the
+        # pipeline on every worker (sharded by worker) and evaluates on the chief.
+        return dataset_fn
     return strategy.distribute_datasets_from_function(dataset_fn, options=input_options)

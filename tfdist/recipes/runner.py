@@ -291,6 +291,11 @@ def check_cluster_resolver(config):
     """
     if config.cluster_resolver == "tf_config" or config.strategy in ("auto", "multi_worker_mirrored"):
         return
+    if config.strategy == "parameter_server":
+        raise ConfigError(
+            f"--cluster-resolver {config.cluster_resolver}: --strategy parameter_server reads "
+            "its chief, worker and ps tasks from TF_CONFIG only. Set TF_CONFIG on every task "
+            "(Kubeflow's TFJob does; `python -m tfdist.launch --workers N --ps M` on one machine).")
     raise ConfigError(
         f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
         f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
@@ -403,7 +408,38 @@ def _interrupted_line():
     return "Interrupted before training started: nothing was trained or saved."
 
 
+def _serving_task(config):
+    """This task's `ClusterConfig` when it only serves (a parameter-server worker or ps task)."""
+    from tfdist.cluster import parse_tf_config
+    from tfdist.ps_cluster import is_serving_task
+
+    if config.cluster_resolver != "tf_config":
+        return None
+    cluster = parse_tf_config()
+    return cluster if is_serving_task(cluster, config.strategy) else None
+
+
+def _serve(recipe, config, cluster):
+    """Runs a worker or ps task of a parameter-server job until it is stopped."""
+    from tfdist.tf_logging import import_tensorflow
+
+    import_tensorflow(config.tf_log_level)
+    from tfdist.gpu_memory import apply_gpu_memory
+    from tfdist.ps_cluster import serve_task
+    from tfdist.strategy import write_ready_file
+
+    apply_gpu_memory(parse_gpu_memory(config.gpu_memory))
+    print(f"python -m tfdist.recipes.{recipe.name}: {cluster.task_type} {cluster.task_index} at "
+          f"{cluster.own_address} serves the parameter-server chief (the chief trains, logs and "
+          "backs up; this task stops with SIGTERM).", flush=True)
+    serve_task(cluster, on_ready=write_ready_file)
+    return 0
+
+
 def _train(recipe, config, where):
+    serving = _serving_task(config)
+    if serving is not None:
+        return _serve(recipe, config, serving)
     # TensorFlow starts only after the flags are known to be good, quietly
     # unless asked, and logical devices are split before it initialises
     # (create_strategy does that).
@@ -523,6 +559,9 @@ def _train(recipe, config, where):
         from tfdist.data import explain_data_loss
         raise explain_data_loss(error, [data.train, data.validation]) from error
     say(_final_block(history, data, meter.summary))
+    if getattr(trainer, "worker_steps", None):
+        say("  steps per worker  " + ", ".join(
+            f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
     if config.skip_corrupt_records:
         say(_skipped_line([data.train, data.validation], info.num_workers))
     if config.model_dir:
@@ -593,10 +632,13 @@ def _steps_in(source, global_batch_size):
 def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
                  gpu_memory=None):
     per_replica = config.global_batch_size // info.num_replicas
+    placement = f"{info.num_replicas} replica(s) on {info.num_workers} worker(s)"
+    if info.name == "parameter_server":
+        placement = (f"asynchronous, {info.num_replicas} replica(s) per worker, each step "
+                     "the whole global batch")
     lines = [
         "tfdist run",
-        f"  strategy      {info.name}: {info.num_replicas} replica(s) on {info.num_workers} worker(s)"
-        + (f" ({info.note})" if info.note else ""),
+        f"  strategy      {info.name}: {placement}" + (f" ({info.note})" if info.note else ""),
         f"  devices       {', '.join(info.devices)}",
     ]
     if gpu_memory:

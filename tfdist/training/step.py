@@ -259,8 +259,9 @@ class StepFunctions:
             for tracker, value in zip(self.loss.trackers, per_loss):
                 tracker.update_state(value)
 
-    def _reduce_and_apply(self, grads, stats):
-        """All-reduce, normalise, clip and apply; records the loss."""
+    def _reduce_and_apply(self, grads, stats, record=True):
+        """All-reduce, normalise, clip and apply; records the loss (unless
+        `record` is False). Returns the all-reduced statistics."""
         variables = self.model.trainable_variables
         examples_index = self._examples_index
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -281,7 +282,9 @@ class StepFunctions:
         for i, g in zip(present, summed):
             full[i] = g
         self.optimizer.apply(full, variables)
-        self._record_loss(totals, stats[examples_index])
+        if record:
+            self._record_loss(totals, stats[examples_index])
+        return totals
 
     def _replica_train(self, data):
         x, y, sample_weight = unpack(data, need_targets=False)

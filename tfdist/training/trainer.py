@@ -19,6 +19,7 @@ from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import check_optimizer, variables_outside_scope
 from tfdist.training.own_step import OwnStepFunctions
+from tfdist.training import parameter_server
 from tfdist.training.step import StepFunctions
 
 FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
@@ -386,6 +387,18 @@ class Trainer:
         if steps_per_epoch is not None:
             _check_positive_int("steps_per_epoch", steps_per_epoch)
         _check_positive_int("validation_freq", validation_freq)
+        if _is_parameter_server(self.strategy):
+            _refuse_array_arguments("fit", y=y, batch_size=batch_size,
+                                    validation_split=validation_split, shuffle=shuffle,
+                                    class_weight=class_weight, sample_weight=sample_weight,
+                                    validation_batch_size=validation_batch_size)
+            ps_fit = parameter_server.ParameterServerFit(self)
+            self.worker_steps = ps_fit.steps_by_worker
+            return ps_fit.fit(
+                x, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                steps_per_epoch=steps_per_epoch, validation_data=validation_data,
+                validation_steps=validation_steps, validation_freq=validation_freq,
+                initial_epoch=initial_epoch)
         train, validation = training_inputs(
             self.strategy, x, y, batch_size=batch_size, sample_weight=sample_weight,
             class_weight=class_weight, shuffle=shuffle, validation_split=validation_split,
@@ -440,13 +453,19 @@ class Trainer:
         """
         if steps is not None:
             _check_positive_int("steps", steps)
-        data = distribute(self.strategy, evaluation_inputs(
-            x, y, batch_size=batch_size, sample_weight=sample_weight), "x")
-        self._prepare(data, mode="test")
-        callback_list = make_callback_list(callbacks, self.model, self.strategy,
-                                           verbose=verbose, epochs=1, steps=steps,
-                                           add_history=False)
-        logs = self._evaluate_data(data, steps, callback_list)
+        if _is_parameter_server(self.strategy):
+            _refuse_array_arguments("evaluate", y=y, batch_size=batch_size,
+                                    sample_weight=sample_weight)
+            logs = parameter_server.evaluate(self, x, verbose=verbose, steps=steps,
+                                             callbacks=callbacks)
+        else:
+            data = distribute(self.strategy, evaluation_inputs(
+                x, y, batch_size=batch_size, sample_weight=sample_weight), "x")
+            self._prepare(data, mode="test")
+            callback_list = make_callback_list(callbacks, self.model, self.strategy,
+                                               verbose=verbose, epochs=1, steps=steps,
+                                               add_history=False)
+            logs = self._evaluate_data(data, steps, callback_list)
         if return_dict:
             return logs
         values = list(logs.values())
@@ -478,9 +497,13 @@ class Trainer:
         """
         if steps is not None:
             _check_positive_int("steps", steps)
-        data = distribute(self.strategy, evaluation_inputs(x, None, batch_size=batch_size,
-                                                           sample_weight=None), "x")
-        step_functions = self._prepare(data, mode="predict")
+        if _is_parameter_server(self.strategy):
+            _refuse_array_arguments("predict", batch_size=batch_size)
+            predict_function, data = parameter_server.predict_batches(self, x)
+        else:
+            data = distribute(self.strategy, evaluation_inputs(x, None, batch_size=batch_size,
+                                                               sample_weight=None), "x")
+            predict_function = self._prepare(data, mode="predict").predict_function
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
                                            add_history=False)
@@ -490,7 +513,7 @@ class Trainer:
             if steps is not None and index >= steps:
                 break
             callback_list.on_predict_batch_begin(index)
-            batch_outputs = step_functions.predict_function(batch)
+            batch_outputs = predict_function(batch)
             outputs.append(batch_outputs)
             callback_list.on_predict_batch_end(index, {"outputs": batch_outputs})
         callback_list.on_predict_end()
@@ -690,6 +713,29 @@ class Trainer:
             function = hook.replace("_step", "_function")
             setattr(engine, function, getattr(model_steps, function))
         return engine
+
+
+def _is_parameter_server(strategy):
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+_ARRAY_DEFAULTS = {"y": None, "batch_size": None, "validation_split": 0.0, "shuffle": True,
+                   "class_weight": None, "sample_weight": None, "validation_batch_size": None}
+
+
+def _refuse_array_arguments(method, **given):
+    """Under parameter_server the inputs are datasets: array-only arguments are refused."""
+    def is_default(value, default):
+        return value is default or (default is not None and isinstance(value, (bool, float))
+                                    and value == default)
+
+    used = [name for name, value in given.items() if not is_default(value, _ARRAY_DEFAULTS[name])]
+    if used:
+        raise ValueError(
+            f"{method}({', '.join(f'{name}=...' for name in used)}) is not supported under "
+            "parameter_server, where every worker reads its own dataset: pass x as a "
+            "tf.data.Dataset of batches (or a function input_context -> dataset) that "
+            "carries targets, weights and shuffling itself, with steps_per_epoch for fit.")
 
 
 def _check_positive_int(name, value, allow_zero=False):

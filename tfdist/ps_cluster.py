@@ -1,0 +1,229 @@
+"""Parameter-server clusters: the chief's strategy, and the tasks that serve it.
+
+In parameter-server training (TensorFlow's `ParameterServerStrategy` with a
+`ClusterCoordinator`) only the **chief** runs the training program: it
+creates the variables on the `ps` tasks and schedules steps on the `worker`
+tasks. Workers and parameter servers run no program of their own; they start
+a TensorFlow server from TF_CONFIG and serve until they are stopped. So one
+command runs on every task (as with the other strategies):
+
+    chief    create_parameter_server_strategy(...) -> train
+    worker   serve_task(...)  (never returns)
+    ps       serve_task(...)  (never returns)
+
+Start-up is bounded: TensorFlow's strategy waits for every task forever when
+one never comes, so the chief first waits, with the start-up deadline, until
+each worker and ps task accepts connections, and names the ones that never
+did (`StrategyStartupError`).
+
+Variables are placed whole, round-robin over the ps tasks (TensorFlow's
+default). TensorFlow's `variable_partitioner` (which turns one variable into a
+`ShardedVariable`) does not work with Keras 3 layers: taking a gradient of a
+sharded Keras variable fails (`'ShardedVariable' object has no attribute
+'handle'`) and Keras's optimizer would keep its slots unsharded. A large
+embedding is split instead by `tfdist.models.layers.ShardedEmbedding`, one
+ordinary variable per shard, so each ps task holds a slice of the table and
+its optimizer slots.
+"""
+
+import logging
+import signal
+import socket
+import time
+
+from tfdist.cluster import ClusterConfig, StrategyStartupError
+
+logger = logging.getLogger("tfdist")
+
+SERVING_TASK_TYPES = ("worker", "ps")
+"""Task types that only serve in parameter-server training."""
+
+_PROBE_INTERVAL = 0.25
+
+
+def check_parameter_server_cluster(config, source="TF_CONFIG"):
+    """Checks that a cluster can run parameter-server training.
+
+    Args:
+        config: a `tfdist.cluster.ClusterConfig` (None: no cluster).
+        source: where the cluster came from, for messages.
+
+    Raises:
+        ValueError: no cluster, no chief, no worker or no ps task, or this
+            process is an evaluator; the message says what to change.
+
+    Example:
+
+    >>> check_parameter_server_cluster(parse_tf_config({"cluster": {
+    ...     "chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]},
+    ...     "task": {"type": "chief", "index": 0}}))
+    """
+    if config is None:
+        raise ValueError(
+            f"parameter_server needs a cluster with a chief, workers and ps tasks, but "
+            f"{source} names none. On one machine: `python -m tfdist.launch --workers N --ps M "
+            "-- <command>`; on Kubernetes, a TFJob with Chief, Worker and PS replicas.")
+    missing = [kind for kind in ("chief", "worker", "ps") if not config.cluster.get(kind)]
+    if missing:
+        raise ValueError(
+            f"parameter_server needs 'chief', 'worker' and 'ps' tasks, but {source} has no "
+            f"{' and no '.join(repr(kind) for kind in missing)} task (it has "
+            f"{', '.join(f'{len(v)} {k}' for k, v in config.cluster.items())}). The chief "
+            "coordinates, workers compute, ps tasks hold the variables.")
+    if config.task_type == "evaluator":
+        raise ValueError(
+            "This process is the 'evaluator' task: under parameter_server the chief evaluates "
+            "the model itself at the end of every epoch; drop the evaluator from TF_CONFIG.")
+
+
+def wait_for_tasks(config, timeout, clock=time.monotonic, connect=None):
+    """Waits until every worker and ps task of `config` accepts TCP connections.
+
+    Args:
+        config: the chief's `ClusterConfig`.
+        timeout: seconds to wait in all.
+        clock, connect: for tests: the clock, and `connect(host, port)`
+            returning True when the address accepts a connection.
+
+    Returns:
+        The seconds waited.
+
+    Raises:
+        StrategyStartupError: some tasks never answered; they are named.
+
+    Example:
+
+    >>> wait_for_tasks(config, timeout=300)
+    1.25
+    """
+    connect = connect or _accepts_connections
+    started = clock()
+    pending = [(kind, index, address) for kind in SERVING_TASK_TYPES
+               for index, address in enumerate(config.cluster.get(kind, ()))]
+    while True:
+        pending = [task for task in pending if not connect(*_host_port(task[2]))]
+        waited = clock() - started
+        if not pending:
+            return waited
+        if waited >= timeout:
+            names = ", ".join(f"{kind} {index} at {address}" for kind, index, address in pending)
+            raise StrategyStartupError(
+                f"parameter_server: the chief waited {timeout:g} s for every worker and ps task "
+                f"to accept connections, but {names} never did. Start them with the same "
+                "command (they serve until stopped), check that the addresses in TF_CONFIG are "
+                "reachable from here, or raise the deadline (startup_timeout=, "
+                "TFDIST_STARTUP_TIMEOUT).")
+        time.sleep(_PROBE_INTERVAL)
+
+
+def create_parameter_server_strategy(config, resolver, startup_timeout):
+    """The chief's `tf.distribute.ParameterServerStrategy`, after its tasks answer.
+
+    Args:
+        config: the validated `ClusterConfig` (this process must be the chief).
+        resolver: the cluster resolver to give TensorFlow (None: TF_CONFIG's).
+        startup_timeout: seconds to wait for the worker and ps tasks.
+
+    Returns:
+        `(strategy, note)`: the strategy and a one-line description.
+
+    Raises:
+        ValueError: this process is not the chief (workers and ps tasks
+            serve: `serve_task`).
+        StrategyStartupError: a task did not answer in time.
+
+    Example:
+
+    >>> strategy, note = create_parameter_server_strategy(config, None, 300)
+    >>> note
+    '2 workers, 1 ps task(s) from TF_CONFIG; this chief coordinates'
+    """
+    import tensorflow as tf
+
+    check_parameter_server_cluster(config)
+    if config.task_type != "chief":
+        raise ValueError(
+            f"This process is {config.task_type} {config.task_index}: under parameter_server "
+            "only the chief creates the strategy and trains; worker and ps tasks serve "
+            "(tfdist.ps_cluster.serve_task; the recipes do this by themselves).")
+    waited = wait_for_tasks(config, startup_timeout)
+    logger.info("parameter_server: every worker and ps task answered after %.1f s", waited)
+    resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    workers, ps = len(config.cluster["worker"]), len(config.cluster["ps"])
+    return strategy, f"{workers} worker(s), {ps} ps task(s); this chief coordinates"
+
+
+def serve_task(config, on_ready=None):
+    """Runs this worker or ps task's TensorFlow server until the process is stopped.
+
+    SIGTERM and SIGINT end the process at once with status 0 (a serving task
+    holds nothing to save: the chief keeps the backups).
+
+    Args:
+        config: this task's `ClusterConfig` (a worker or ps task).
+        on_ready: called once the server listens (e.g. to write the ready file).
+
+    Raises:
+        ValueError: this process is not a worker or ps task.
+        tfdist.ports.PortInUseError: its port is taken by another process.
+
+    Example:
+
+    >>> serve_task(parse_tf_config())  # in a ps task: serves until stopped
+    """
+    import tensorflow as tf
+
+    from tfdist.ports import check_port_free
+
+    if config.task_type not in SERVING_TASK_TYPES:
+        raise ValueError(f"serve_task is for worker and ps tasks, not {config.task_type!r}.")
+    who = f"{config.task_type} {config.task_index} at {config.own_address}"
+    check_port_free(int(config.own_address.rpartition(":")[2]), who=f"{who} (TF_CONFIG)")
+    spec = tf.train.ClusterSpec({kind: list(addresses)
+                                 for kind, addresses in config.cluster.items()})
+    server = tf.distribute.Server(spec, job_name=config.task_type, task_index=config.task_index,
+                                  protocol="grpc", start=True)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_now)
+    logger.info("parameter_server: %s serving the chief (stops with SIGTERM)", who)
+    if on_ready is not None:
+        on_ready()
+    server.join()
+
+
+def is_serving_task(config, strategy_name):
+    """Whether this process only serves: a worker or ps task under parameter_server.
+
+    Args:
+        config: the process's `ClusterConfig`, or None.
+        strategy_name: the requested strategy key ("auto" counts when the
+            cluster has ps tasks).
+
+    Example:
+
+    >>> is_serving_task(parse_tf_config(), "parameter_server")
+    True
+    """
+    if not isinstance(config, ClusterConfig) or config.task_type not in SERVING_TASK_TYPES:
+        return False
+    ps_cluster = bool(config.cluster.get("ps"))
+    return strategy_name == "parameter_server" or (strategy_name == "auto" and ps_cluster)
+
+
+def _exit_now(signum, frame):  # noqa: ARG001 (signal handler signature)
+    import os
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def _host_port(address):
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _accepts_connections(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
