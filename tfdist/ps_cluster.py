@@ -150,8 +150,68 @@ def create_parameter_server_strategy(config, resolver, startup_timeout):
     logger.info("parameter_server: every worker and ps task answered after %.1f s", waited)
     resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
+    place_variables_by_size(strategy)
     workers, ps = len(config.cluster["worker"]), len(config.cluster["ps"])
     return strategy, f"{workers} worker(s), {ps} ps task(s); this chief coordinates"
+
+
+def place_variables_by_size(strategy):
+    """Makes `strategy` put each new variable on the ps task holding the fewest bytes.
+
+    TensorFlow places variables round-robin by count, which with 2 ps tasks
+    puts every Dense kernel on one task and every bias on the other; placing
+    by size keeps the tasks' memory and traffic even. Variables whose size
+    is unknown at creation fall back to the next task in turn.
+
+    Args:
+        strategy: a `tf.distribute.ParameterServerStrategy` (before any
+            variable is created).
+
+    Example:
+
+    >>> place_variables_by_size(strategy)
+    >>> with strategy.scope():
+    ...     model = build_model()  # the ps tasks hold about equal shares
+    """
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.framework import ops  # pylint: disable=import-outside-toplevel
+
+    extended = strategy.extended
+    held = [0] * extended._num_ps  # pylint: disable=protected-access
+    turn = [0]
+
+    def create(next_creator, **kwargs):
+        initial = kwargs.get("initial_value")
+        if callable(initial) and kwargs.get("shape") is None:
+            # Keras passes its initializer as a function: compute the value
+            # here (on the chief) to know its size; it is sent to the ps task.
+            kwargs["initial_value"] = tf.convert_to_tensor(initial(),
+                                                           dtype=kwargs.get("dtype"))
+        size = _bytes_of(kwargs, np, tf)
+        if size is None:
+            task = turn[0] % len(held)
+            turn[0] += 1
+        else:
+            task = min(range(len(held)), key=held.__getitem__)
+        held[task] += size or 0
+        # As TensorFlow's own placement: no colocation, the ps task's CPU.
+        with ops.colocate_with(None, ignore_existing=True), \
+                tf.device(f"/job:ps/task:{task}/device:CPU:0"):
+            return next_creator(**kwargs)
+
+    extended._create_variable_round_robin = create  # pylint: disable=protected-access
+
+
+def _bytes_of(kwargs, np, tf):
+    initial = kwargs.get("initial_value")
+    shape = kwargs.get("shape")
+    if shape is None and initial is not None and not callable(initial):
+        shape = getattr(initial, "shape", None)
+    dtype = kwargs.get("dtype") or getattr(initial, "dtype", None)
+    if shape is None or dtype is None or None in tuple(tf.TensorShape(shape)):
+        return None
+    return int(np.prod(tuple(tf.TensorShape(shape)), dtype=np.int64)) * tf.as_dtype(dtype).size
 
 
 def serve_task(config, on_ready=None):
@@ -189,7 +249,10 @@ def serve_task(config, on_ready=None):
     logger.info("parameter_server: %s serving the chief (stops with SIGTERM)", who)
     if on_ready is not None:
         on_ready()
-    server.join()
+    # The server runs in TensorFlow's threads; waiting in Python (not in
+    # `server.join()`, a C++ call) lets the signal handlers run.
+    while True:
+        time.sleep(3600)
 
 
 def is_serving_task(config, strategy_name):

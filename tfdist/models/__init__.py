@@ -11,6 +11,7 @@ from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossent
 from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, decay_mask,
                                           exclude_from_weight_decay, is_weight_decayed,
                                           no_decay_variables, sparse_label_smoothing_loss)
+from tfdist.models.sharded_embedding import ShardedEmbedding
 from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
 from tfdist.models.transformer import (
     TRANSFORMER_SIZES,
@@ -38,6 +39,7 @@ __all__ = [
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
     "PaddingMask",
+    "ShardedEmbedding",
     "TokenAndPositionEmbedding",
     "TransformerConfig",
     "build_decoder_lm",

@@ -12,6 +12,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfdist.models.sharded_embedding import ShardedEmbedding
+
 POSITION_EMBEDDINGS = ("learned", "sinusoidal")
 
 
@@ -90,6 +92,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         d_model: embedding width.
         position_embedding: "learned" or "sinusoidal".
         dropout: dropout rate applied to the sum, in training only.
+        embedding_shards: split the token table into this many row blocks
+            (`ShardedEmbedding`, e.g. one per parameter server); 1 keeps one
+            `keras.layers.Embedding`.
 
     Example:
 
@@ -99,7 +104,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, vocab_size, max_len, d_model, position_embedding="learned",
-                 dropout=0.0, **kwargs):
+                 dropout=0.0, embedding_shards=1, **kwargs):
         super().__init__(**kwargs)
         if position_embedding not in POSITION_EMBEDDINGS:
             raise ValueError(
@@ -111,8 +116,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.d_model = int(d_model)
         self.position_embedding = position_embedding
         self.dropout = float(dropout)
-        self.token_embedding = keras.layers.Embedding(
-            self.vocab_size, self.d_model, dtype=self.dtype_policy, name="token_embedding")
+        self.embedding_shards = int(embedding_shards)
+        if self.embedding_shards > 1:
+            self.token_embedding = ShardedEmbedding(
+                self.vocab_size, self.d_model, self.embedding_shards, dtype=self.dtype_policy,
+                name="token_embedding")
+        else:
+            self.token_embedding = keras.layers.Embedding(
+                self.vocab_size, self.d_model, dtype=self.dtype_policy, name="token_embedding")
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self._sinusoids = None
 
@@ -160,6 +171,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             "d_model": self.d_model,
             "position_embedding": self.position_embedding,
             "dropout": self.dropout,
+            "embedding_shards": self.embedding_shards,
         })
         return config
 

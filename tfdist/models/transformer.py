@@ -172,7 +172,7 @@ def _check_config(config):
             "make one with transformer_config(size, vocab_size, max_len).")
 
 
-def build_decoder_lm(config, name="decoder_lm"):
+def build_decoder_lm(config, name="decoder_lm", embedding_shards=1):
     """Builds a causal decoder-only Transformer language model.
 
     Token + position embedding, `config.num_layers` pre-LN `DecoderBlock`s
@@ -186,6 +186,9 @@ def build_decoder_lm(config, name="decoder_lm"):
     Args:
         config: a `TransformerConfig`.
         name: the model's name.
+        embedding_shards: split the token embedding into this many row blocks
+            (`ShardedEmbedding`: under parameter_server, one per ps task, so
+            that the ps tasks share the table and its optimizer slots).
 
     Returns:
         A functional `keras.Model` mapping int token ids `[batch, seq_len]`
@@ -204,7 +207,7 @@ def build_decoder_lm(config, name="decoder_lm"):
     x = TokenAndPositionEmbedding(
         config.vocab_size, config.max_len, config.d_model,
         position_embedding=config.position_embedding, dropout=config.dropout,
-        name="embedding")(token_ids)
+        embedding_shards=embedding_shards, name="embedding")(token_ids)
     for i in range(config.num_layers):
         x = DecoderBlock(config.d_model, config.num_heads, config.d_ff,
                          dropout=config.dropout,

@@ -654,6 +654,12 @@ def _start_block(config, info, precision, jit_compile, xla_reason, data, built, 
         f"{config.warmup_steps} warmup steps" + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),
         f"  schedule      {config.epochs} epoch(s) x {steps_per_epoch} steps",
     ]
+    if info.name == "parameter_server":
+        from tfdist.training.parameter_server import variable_bytes_by_ps_task
+
+        lines.append("  ps variables  " + ", ".join(
+            f"{task}: {size / 2**20:.2f} MiB"
+            for task, size in variable_bytes_by_ps_task(built.model).items()))
     if config.config_file:
         lines.append(f"  config        {config.config_file}")
     return "\n".join(lines)

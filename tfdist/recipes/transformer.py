@@ -143,7 +143,8 @@ def build_model(config, data):
         overrides["dropout"] = 0.0
     model_config = transformer_config(config.model_size, vocab_size=data.info["vocab_size"],
                                       max_len=data.info["sequence_length"], **overrides)
-    model = build_decoder_lm(model_config)
+    shards = parameter_server_count()
+    model = build_decoder_lm(model_config, embedding_shards=max(shards, 1))
     length = data.info["sequence_length"]
     return RecipeModel(
         model=model,
@@ -151,8 +152,21 @@ def build_model(config, data):
         metrics=[MaskedAccuracy(name="accuracy")],
         description=(f"decoder LM '{config.model_size}': {model_config.num_layers} layers, "
                      f"d={model_config.d_model}, {model_config.num_heads} heads, "
-                     f"{decoder_lm_param_count(model_config) / 1e6:.2f} M params"),
+                     f"{decoder_lm_param_count(model_config) / 1e6:.2f} M params"
+                     + (f", token embedding in {shards} shards (one per ps task)"
+                        if shards > 1 else "")),
         flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
+
+
+def parameter_server_count():
+    """Number of ps tasks of the strategy in scope (0 outside parameter_server)."""
+    import tensorflow as tf
+
+    from tfdist.strategy import is_parameter_server
+    from tfdist.training.parameter_server import cluster_spec
+
+    strategy = tf.distribute.get_strategy()
+    return len(cluster_spec(strategy).get("ps", ())) if is_parameter_server(strategy) else 0
 
 
 def train_examples(config):

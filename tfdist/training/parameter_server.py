@@ -152,6 +152,31 @@ def cluster_spec(strategy):
     return resolver.cluster_spec().as_dict()
 
 
+def variable_bytes_by_ps_task(model, optimizer=None):
+    """Bytes of `model`'s (and `optimizer`'s) variables held by each ps task.
+
+    Args:
+        model: a model built under `ParameterServerStrategy`.
+        optimizer: its optimizer, if built (its slots count too).
+
+    Returns:
+        A dict `{"ps 0": bytes, ...}` in task order.
+
+    Example:
+
+    >>> variable_bytes_by_ps_task(model)
+    {'ps 0': 812032, 'ps 1': 790528}
+    """
+    totals = collections.Counter()
+    variables = list(model.variables) + (list(optimizer.variables) if optimizer else [])
+    for variable in variables:
+        device = getattr(variable.value, "device", "") or ""
+        task = tf.DeviceSpec.from_string(device)
+        label = f"{task.job} {task.task}" if task.job == "ps" else "elsewhere"
+        totals[label] += int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+    return dict(sorted(totals.items()))
+
+
 class _SpecOnly:
     """What `Trainer._prepare` reads of a dataset: its element spec."""
 
