@@ -3,6 +3,7 @@
     tfdist bench [report] [--quick] [--out DIR] [--models transformer,cnn] ...
     tfdist bench engine [--size small] [--batch 32] [--rounds 6] ...
     tfdist bench point ...        (one sweep point; run by `report`)
+    tfdist bench parameter-server [--size tiny] [--batch 64] [--workers 2] [--ps 1] ...
 
 TensorFlow is imported through `tfdist.tf_logging.import_tensorflow` once
 the flags are read, before any work: its C++ logging is quiet unless
@@ -20,7 +21,7 @@ from tfdist.argtypes import int_at_least
 from tfdist.bench.workloads import MODELS
 from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 
-SUBCOMMANDS = ("report", "engine", "point")
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server")
 
 
 def _csv(allowed, name):
@@ -291,6 +292,9 @@ def main(argv=None):
             return point_main(argv)
         if command == "engine":
             return run_engine_command(argv)
+        if command == "parameter-server":
+            from tfdist.bench.parameter_server import main as parameter_server_main
+            return parameter_server_main(argv)
         return run_report_command(argv)
     except ValueError as error:
         print(f"tfdist bench {command}: error: {error}", file=sys.stderr)
