@@ -214,15 +214,23 @@ def _bytes_of(kwargs, np, tf):
     return int(np.prod(tuple(tf.TensorShape(shape)), dtype=np.int64)) * tf.as_dtype(dtype).size
 
 
-def serve_task(config, on_ready=None):
+DEFAULT_STOP_WAIT = 60.0
+STOP_WAIT_ENV = "TFDIST_SERVE_STOP_WAIT"
+
+
+def serve_task(config, on_ready=None, stop_wait=None):
     """Runs this worker or ps task's TensorFlow server until the process is stopped.
 
-    SIGTERM and SIGINT end the process at once with status 0 (a serving task
-    holds nothing to save: the chief keeps the backups).
+    On SIGTERM or SIGINT the task keeps serving while the chief still runs
+    (a preempted job's chief backs up the variables held here before it
+    exits) and exits with status 0 once the chief's address stops answering,
+    or after `stop_wait` seconds at most.
 
     Args:
         config: this task's `ClusterConfig` (a worker or ps task).
         on_ready: called once the server listens (e.g. to write the ready file).
+        stop_wait: longest wait for the chief after a stop signal, in seconds
+            (default: env TFDIST_SERVE_STOP_WAIT, else 60).
 
     Raises:
         ValueError: this process is not a worker or ps task.
@@ -232,27 +240,38 @@ def serve_task(config, on_ready=None):
 
     >>> serve_task(parse_tf_config())  # in a ps task: serves until stopped
     """
+    import os
+    import threading
+
     import tensorflow as tf
 
     from tfdist.ports import check_port_free
 
     if config.task_type not in SERVING_TASK_TYPES:
         raise ValueError(f"serve_task is for worker and ps tasks, not {config.task_type!r}.")
+    if stop_wait is None:
+        stop_wait = float(os.environ.get(STOP_WAIT_ENV, DEFAULT_STOP_WAIT))
     who = f"{config.task_type} {config.task_index} at {config.own_address}"
     check_port_free(int(config.own_address.rpartition(":")[2]), who=f"{who} (TF_CONFIG)")
     spec = tf.train.ClusterSpec({kind: list(addresses)
                                  for kind, addresses in config.cluster.items()})
-    server = tf.distribute.Server(spec, job_name=config.task_type, task_index=config.task_index,
-                                  protocol="grpc", start=True)
+    tf.distribute.Server(spec, job_name=config.task_type, task_index=config.task_index,
+                         protocol="grpc", start=True)
+    stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _exit_now)
+        signal.signal(signum, lambda signum, frame: stopping.set())
     logger.info("parameter_server: %s serving the chief (stops with SIGTERM)", who)
     if on_ready is not None:
         on_ready()
     # The server runs in TensorFlow's threads; waiting in Python (not in
     # `server.join()`, a C++ call) lets the signal handlers run.
-    while True:
-        time.sleep(3600)
+    while not stopping.wait(3600):
+        pass
+    chief = _host_port(config.cluster["chief"][0]) if config.cluster.get("chief") else None
+    deadline = time.monotonic() + stop_wait
+    while chief and time.monotonic() < deadline and _accepts_connections(*chief):
+        time.sleep(_PROBE_INTERVAL)
+    os._exit(0)  # pylint: disable=protected-access  # TF's server threads never end
 
 
 def is_serving_task(config, strategy_name):
@@ -272,11 +291,6 @@ def is_serving_task(config, strategy_name):
         return False
     ps_cluster = bool(config.cluster.get("ps"))
     return strategy_name == "parameter_server" or (strategy_name == "auto" and ps_cluster)
-
-
-def _exit_now(signum, frame):  # noqa: ARG001 (signal handler signature)
-    import os
-    os._exit(0)  # pylint: disable=protected-access
 
 
 def _host_port(address):
