@@ -17,7 +17,7 @@ import sys
 COMMANDS = {
     "transformer": ("tfdist.recipes.transformer", "train the Transformer recipe"),
     "cnn": ("tfdist.recipes.cnn", "train the CNN (ResNet) recipe"),
-    "launch": ("tfdist.launch", "run a command as N local workers"),
+    "launch": ("tfdist.launch", "run a command as N local workers (+ M ps tasks)"),
     "bench": ("tfdist.bench", "benchmark and scaling report"),
     "doctor": ("tfdist.doctor", "versions, build, devices, auto choices; checks all-reduce"),
 }
