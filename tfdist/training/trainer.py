@@ -19,6 +19,11 @@ from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import check_optimizer, variables_outside_scope
 from tfdist.training.own_step import OwnStepFunctions
+from tfdist.training.pipeline import (PipelineStepFunctions, check_model_parallel_arguments,
+                                      check_pipeline_settings)
+from tfdist.training.placement import (deferred_build, place_metric_variables, place_stages,
+                                       stage_devices)
+from tfdist.training.stages import plan_stages, split_model
 from tfdist.training import parameter_server
 from tfdist.training.step import StepFunctions
 
@@ -237,6 +242,10 @@ class Trainer:
       one step on the K-times larger batch; `optimizer.iterations` (and so any
       learning-rate schedule) counts optimizer steps;
     * `steps_per_execution=S` runs S steps per compiled call;
+    * `model_parallel=K` splits the model's layers into K stages on K
+      devices of each worker and trains them as a GPipe pipeline over
+      `micro_batches` micro-batches, with the same global-batch loss and
+      update as one device (`tfdist.training.pipeline`);
     * metrics and logged losses (also each output's `<name>_loss`) are global
       on every worker; standard Keras callbacks work (made chief-safe under
       several workers); only the chief shows a progress bar.
@@ -244,6 +253,12 @@ class Trainer:
     A model's own `compute_loss` is used by the engine, and a model's own
     `train_step` / `test_step` / `predict_step` runs under the strategy as
     in Keras's `fit` (see `tfdist.training.model_hooks`).
+
+    Under `ParameterServerStrategy` (on the chief) `fit` trains
+    asynchronously: it schedules steps on the workers through a
+    `ClusterCoordinator`, each on its worker's own dataset shard, and
+    evaluates and predicts on the chief (see
+    `tfdist.training.parameter_server` for what that changes and refuses).
 
     The model (and its optimizer) must be created and compiled inside
     `strategy.scope()`. Arguments given here override the matching
@@ -271,6 +286,17 @@ class Trainer:
             or None.
         steps_per_execution: steps per compiled call, an integer >= 1; None
             keeps the compiled value.
+        model_parallel: K, the number of devices one model replica is split
+            over (an integer >= 1; 1: no split). K > 1 splits the model's
+            layers into K consecutive stages on K devices of each worker and
+            trains them as a GPipe pipeline (`tfdist.training.pipeline`,
+            split rule in `tfdist.training.stages`); the strategy must have
+            one replica per worker (default strategy, or
+            MultiWorkerMirroredStrategy with one device per worker).
+        micro_batches: micro-batches per step with K > 1 (an integer >= 1;
+            default `2 * K`).
+        stage_boundaries: with K > 1, the names of the K-1 layers where
+            stages 1..K-1 begin (default: the split rule chooses).
 
     Example:
 
@@ -283,7 +309,8 @@ class Trainer:
 
     def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
                  weighted_metrics=None, strategy=None, jit_compile=None, grad_accum_steps=1,
-                 clip_norm=None, steps_per_execution=None):
+                 clip_norm=None, steps_per_execution=None, model_parallel=1, micro_batches=None,
+                 stage_boundaries=None):
         if not isinstance(model, keras.Model):
             raise TypeError(f"model must be a keras.Model, got {type(model).__name__}.")
         self.strategy = strategy if strategy is not None else _model_strategy(model)
@@ -317,6 +344,17 @@ class Trainer:
                     clip_norm=self.clip_norm)
         if "train_step" not in self.hooks:
             check_optimizer(model.optimizer, self.strategy, self.clip_norm)
+        self.model_parallel, self.micro_batches, self.stage_boundaries = (
+            check_model_parallel_arguments(model_parallel, micro_batches, stage_boundaries))
+        self._stages = None
+        self.stage_plan = None
+        """The `StagePlan` (stages, devices, layers, parameters) with model_parallel > 1."""
+        if self.model_parallel > 1:
+            check_pipeline_settings(model, self.hooks, self.strategy,
+                                    model_parallel=self.model_parallel,
+                                    jit_compile=self.jit_compile, grad_accum_steps=grad_accum_steps)
+            if model.built:
+                self.stage_plan = self._plan_stages()
         self._steps = None
         self._predict_steps = None
 
@@ -663,14 +701,19 @@ class Trainer:
         unpack(spec, need_targets=self._needs_targets(mode))
         with self.strategy.scope():
             if mode != "predict":
-                self._symbolic_build(spec, own_step=f"{mode}_step" in self.hooks)
+                # With model_parallel > 1 the optimizer is built once the stages are placed.
+                with deferred_build(self.optimizer if self.model_parallel > 1 else None):
+                    self._symbolic_build(spec, own_step=f"{mode}_step" in self.hooks)
             elif not self.model.built or not self.model.variables:
                 x_spec = keras.utils.unpack_x_y_sample_weight(spec)[0]
                 self.model(tf.nest.map_structure(
                     lambda s: keras.KerasTensor(s.shape, s.dtype.name), x_spec))
-            if self.optimizer is not None and not self.optimizer.built:
+            if self.model_parallel > 1:
+                self._place_stages()  # builds the optimizer on the stages' devices
+            elif self.optimizer is not None and not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
-        _check_model_in_scope(self.model, self.strategy)
+        if self.model_parallel == 1:
+            _check_model_in_scope(self.model, self.strategy)
         if mode == "train" and "train_step" in self.hooks:
             _check_own_optimizers_built(self.model, self.strategy)
         compile_loss = self.model._compile_loss
@@ -695,9 +738,31 @@ class Trainer:
             if not own_step or not self.model.variables:
                 raise
 
+    def _plan_stages(self):
+        """The model's `StagePlan` on this worker's stage devices (model_parallel > 1)."""
+        plan = plan_stages(self.model, self.model_parallel, self.stage_boundaries)
+        return plan.with_devices(stage_devices(self.strategy, self.model_parallel))
+
+    def _place_stages(self):
+        """Splits the model into its stages and puts each on its device (model_parallel > 1);
+        later, puts metric variables built since then on the last stage's device."""
+        if self._stages is not None:
+            place_metric_variables(self.model, self._stages[-1].device)
+            return
+        self.stage_plan = self._plan_stages()
+        stages = split_model(self.model, self.stage_plan)
+        place_stages(stages, self.model, self.optimizer)
+        self._stages = stages
+
     def _step_functions(self, with_loss=True):
         """The engine's step functions, with the model's own steps where it has them."""
         compile_loss = self.model._compile_loss if with_loss else None
+        if self.model_parallel > 1:
+            return PipelineStepFunctions(
+                self.model, self.optimizer,
+                GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
+                self.strategy, self._stages, micro_batches=self.micro_batches,
+                clip_norm=self.clip_norm, run_eagerly=self.run_eagerly)
         engine = StepFunctions(
             self.model, self.optimizer,
             GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
