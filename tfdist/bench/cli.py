@@ -4,6 +4,7 @@
     tfdist bench engine [--size small] [--batch 32] [--rounds 6] ...
     tfdist bench point ...        (one sweep point; run by `report`)
     tfdist bench parameter-server [--size tiny] [--batch 64] [--workers 2] [--ps 1] ...
+    tfdist bench model-parallel [--size tiny] [--batch 32] [--micro-batches 4] [--steps N] ...
 
 TensorFlow is imported through `tfdist.tf_logging.import_tensorflow` once
 the flags are read, before any work: its C++ logging is quiet unless
@@ -21,7 +22,7 @@ from tfdist.argtypes import int_at_least
 from tfdist.bench.workloads import MODELS
 from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 
-SUBCOMMANDS = ("report", "engine", "point", "parameter-server")
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel")
 
 
 def _csv(allowed, name):
@@ -295,6 +296,9 @@ def main(argv=None):
         if command == "parameter-server":
             from tfdist.bench.parameter_server import main as parameter_server_main
             return parameter_server_main(argv)
+        if command == "model-parallel":
+            from tfdist.bench.model_parallel import main as model_parallel_main
+            return model_parallel_main(argv)
         return run_report_command(argv)
     except ValueError as error:
         print(f"tfdist bench {command}: error: {error}", file=sys.stderr)

@@ -157,6 +157,12 @@ COMMON_OPTIONS = [
     Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
            minimum=0.0),
     Option("grad_accum_steps", int, 1, "Micro-batches accumulated per optimizer step.", minimum=1),
+    Option("model_parallel", int, 1,
+           "Split the model's layers into K pipeline stages on K devices of every worker (K GPUs, "
+           "or the CPU split into K logical devices); data parallelism then runs across workers.",
+           minimum=1, normalize=lambda count: check_device_count(count, "--model-parallel")),
+    Option("micro_batches", int, None,
+           "Micro-batches per step with --model-parallel K > 1 (GPipe; default 2K).", minimum=1),
     Option("steps_per_execution", int, 1, "Training steps run inside one tf.function call.", minimum=1),
     Option("dataset", str, None, "Data source (see the recipe's --help for the forms)."),
     Option("skip_corrupt_records", bool, False,

@@ -25,6 +25,10 @@ from tfdist.dataset_specs import TFRECORD_SCHEMES, dataset_scheme
 from tfdist.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
                                parse_gpu_memory)
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
+from tfdist.recipes.model_parallel import (check_model_parallel_flags,
+                                           prepare_model_parallel_devices, stage_plan_block)
+from tfdist.recipes.model_parallel import trainer_arguments as model_parallel_arguments
+from tfdist.recipes.model_parallel import xla_blocker as model_parallel_xla_blocker
 from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
                                    render_record, write_record)
 from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
@@ -257,6 +261,7 @@ def check_before_tensorflow(recipe, config):
     except ValueError as error:
         raise ConfigError(f"--all-reduce: {error}") from None
     check_cluster_resolver(config)
+    check_model_parallel_flags(config)
     try:
         check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
     except ValueError as error:
@@ -359,7 +364,8 @@ def _auto_choices(recipe, config, on_gpu):
 
     precision = resolve_precision(config.precision)
     jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
-    blocker = recipe.xla_blocker(config) if recipe.xla_blocker else None
+    blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
+        model_parallel_xla_blocker(config))
     jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
     return precision, jit_compile, xla_reason
 
@@ -468,7 +474,8 @@ def _train(recipe, config, where):
     from tfdist.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
 
-    strategy = create_strategy(config.strategy, devices=config.devices, all_reduce=config.all_reduce,
+    devices = prepare_model_parallel_devices(config, gpus)  # K stage devices exist first
+    strategy = create_strategy(config.strategy, devices=devices, all_reduce=config.all_reduce,
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
     precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
@@ -505,7 +512,8 @@ def _train(recipe, config, where):
             built.prepare_optimizer(optimizer)
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
                           jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
-                          clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution)
+                          clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
+                          **model_parallel_arguments(config))
 
     say = print if info.is_chief else (lambda *args, **kwargs: None)
     resolved = {
@@ -523,6 +531,8 @@ def _train(recipe, config, where):
         _record_run(recipe, config, resolved, resuming)
     say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
                      steps_per_epoch, resolved["gpu_memory"] if gpus else None))
+    if trainer.stage_plan is not None:
+        say(stage_plan_block(trainer))
     meter = ThroughputMeter(
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
