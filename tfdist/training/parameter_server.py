@@ -375,16 +375,11 @@ class ParameterServerFit:
             _assign(worker_steps.metric_variables, totals)
             position.epoch_finished = True
             position.iterator_continues = True
-            epoch_logs = _results(model, worker_steps.metric_variables, totals)
-            if evaluation is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = evaluate_on_chief(trainer, evaluation, validation_steps,
-                                             callback_list)
-                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-            learning_rate = _learning_rate(trainer.optimizer)
-            if learning_rate is not None:
-                epoch_logs.setdefault("learning_rate", learning_rate)
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            logs = epoch_logs
+            evaluate = None if evaluation is None else (
+                lambda: evaluate_on_chief(trainer, evaluation, validation_steps, callback_list))
+            logs = trainer._end_epoch(
+                epoch, _results(model, worker_steps.metric_variables, totals), evaluate,
+                validation_freq, callback_list)
             if model.stop_training:
                 break
         return logs
@@ -545,8 +540,3 @@ def _results(model, variables, totals):
 def _assign(variables, totals):
     for variable, total in zip(variables, totals):
         variable.assign(total.astype(variable.dtype))
-
-
-def _learning_rate(optimizer):
-    from tfdist.training.trainer import _current_learning_rate
-    return _current_learning_rate(optimizer)

@@ -601,17 +601,25 @@ class Trainer:
             position.epoch_finished = True
             position.iterator_continues = iterator is not None and steps_per_epoch is not None
             epoch_logs = dict(logs if logs is not None else self._metric_logs())
-            if val_data is not None and (epoch + 1) % validation_freq == 0:
-                val_logs = self._evaluate_data(val_data, validation_steps, callback_list)
-                epoch_logs.update({f"val_{name}": value for name, value in val_logs.items()})
-            learning_rate = _current_learning_rate(self.optimizer)
-            if learning_rate is not None:
-                epoch_logs.setdefault("learning_rate", learning_rate)
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            training_logs = epoch_logs
+            evaluate = None if val_data is None else (
+                lambda: self._evaluate_data(val_data, validation_steps, callback_list))
+            training_logs = self._end_epoch(epoch, epoch_logs, evaluate, validation_freq,
+                                            callback_list)
             if self.model.stop_training:
                 break
         return training_logs, initial_epoch
+
+    def _end_epoch(self, epoch, epoch_logs, evaluate, validation_freq, callback_list):
+        """Adds the validation logs (`evaluate()` every `validation_freq` epochs; None:
+        no validation) and the learning rate to `epoch_logs`, calls `on_epoch_end`,
+        and returns the logs."""
+        if evaluate is not None and (epoch + 1) % validation_freq == 0:
+            epoch_logs.update({f"val_{name}": value for name, value in evaluate().items()})
+        learning_rate = _current_learning_rate(self.optimizer)
+        if learning_rate is not None:
+            epoch_logs.setdefault("learning_rate", learning_rate)
+        callback_list.on_epoch_end(epoch, epoch_logs)
+        return epoch_logs
 
     def _skip_batches(self, skip_function, iterator, count):
         """Draws and discards `count` batches (resuming at a data position)."""
