@@ -78,6 +78,7 @@ from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
 from tfdist.training.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
+from tfdist.training.step import run_steps, skip_batches
 
 MICRO_BATCHES_PER_STAGE = 2
 """Default micro-batches per step: `2 * model_parallel` (see `default_micro_batches`)."""
@@ -589,22 +590,7 @@ class PipelineStepFunctions:
 
     # ------------------------------------------------------------------ loops
     def _loop(self, step, iterator, num_steps):
-        def body(done_steps, exhausted):
-            optional = iterator.get_next_as_optional()
-            has_value = optional.has_value()
-
-            def run():
-                step(optional.get_value())
-                return done_steps + 1
-
-            done_steps = tf.cond(has_value, run, lambda: done_steps)
-            return done_steps, tf.logical_not(has_value)
-
-        done, _ = tf.while_loop(
-            lambda done_steps, exhausted: tf.logical_and(done_steps < num_steps,
-                                                         tf.logical_not(exhausted)),
-            body, [tf.constant(0, tf.int32), tf.constant(False)])
-        return done, self._metric_results()
+        return run_steps(step, iterator, num_steps), self._metric_results()
 
     def _train_loop(self, iterator, num_steps):
         with outside_strategy_scopes(), gradients_already_summed(self.optimizer), \
@@ -616,14 +602,7 @@ class PipelineStepFunctions:
             return self._loop(self._test_step, iterator, num_steps)
 
     def _skip_loop(self, iterator, num_batches):
-        def body(done, exhausted):
-            has_value = iterator.get_next_as_optional().has_value()
-            return done + tf.cast(has_value, tf.int64), tf.logical_not(has_value)
-
-        done, _ = tf.while_loop(
-            lambda done, exhausted: tf.logical_and(done < num_batches, tf.logical_not(exhausted)),
-            body, [tf.constant(0, tf.int64), tf.constant(False)])
-        return done
+        return skip_batches(iterator, num_batches)
 
     def _predict_batch(self, data):
         with outside_strategy_scopes():

@@ -332,22 +332,7 @@ class StepFunctions:
         self.strategy.run(self._run_replica_test, args=(data,))
 
     def _loop(self, step, iterator, num_steps):
-        def body(done_steps, exhausted):
-            optional = iterator.get_next_as_optional()
-            has_value = optional.has_value()
-
-            def run():
-                step(optional.get_value())
-                return done_steps + 1
-
-            done_steps = tf.cond(has_value, run, lambda: done_steps)
-            return done_steps, tf.logical_not(has_value)
-
-        done, _ = tf.while_loop(
-            lambda done_steps, exhausted: tf.logical_and(done_steps < num_steps,
-                                                         tf.logical_not(exhausted)),
-            body, [tf.constant(0, tf.int32), tf.constant(False)])
-        return done, self._metric_results()
+        return run_steps(step, iterator, num_steps), self._metric_results()
 
     def _metric_results(self):
         if self._single:
@@ -362,14 +347,7 @@ class StepFunctions:
         return self._loop(self._test_step, iterator, num_steps)
 
     def _skip_loop(self, iterator, num_batches):
-        def body(done, exhausted):
-            has_value = iterator.get_next_as_optional().has_value()
-            return done + tf.cast(has_value, tf.int64), tf.logical_not(has_value)
-
-        done, _ = tf.while_loop(
-            lambda done, exhausted: tf.logical_and(done < num_batches, tf.logical_not(exhausted)),
-            body, [tf.constant(0, tf.int64), tf.constant(False)])
-        return done
+        return skip_batches(iterator, num_batches)
 
     def reset_accumulation(self):
         """Drops a partial gradient accumulation: zeroes every replica's
@@ -387,6 +365,51 @@ class StepFunctions:
     def _predict_batch(self, data):
         outputs = self.strategy.run(self._replica_predict, args=(data,))
         return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
+
+
+def run_steps(step, iterator, num_steps):
+    """Runs `step(batch)` on up to `num_steps` batches of `iterator` in one graph loop.
+
+    Returns the number of steps run (an int32 tensor; fewer than `num_steps`
+    when the iterator ran out). Call it inside a `tf.function`.
+
+    Example:
+
+    >>> ran = run_steps(train_step, iterator, tf.constant(10))
+    """
+    def body(done_steps, exhausted):
+        optional = iterator.get_next_as_optional()
+        has_value = optional.has_value()
+
+        def run():
+            step(optional.get_value())
+            return done_steps + 1
+
+        done_steps = tf.cond(has_value, run, lambda: done_steps)
+        return done_steps, tf.logical_not(has_value)
+
+    done, _ = tf.while_loop(
+        lambda done_steps, exhausted: tf.logical_and(done_steps < num_steps,
+                                                     tf.logical_not(exhausted)),
+        body, [tf.constant(0, tf.int32), tf.constant(False)])
+    return done
+
+
+def skip_batches(iterator, num_batches):
+    """Draws and discards up to `num_batches` batches; returns how many there were (int64).
+
+    Example:
+
+    >>> skipped = skip_batches(iterator, tf.constant(5, tf.int64))
+    """
+    def body(done, exhausted):
+        has_value = iterator.get_next_as_optional().has_value()
+        return done + tf.cast(has_value, tf.int64), tf.logical_not(has_value)
+
+    done, _ = tf.while_loop(
+        lambda done, exhausted: tf.logical_and(done < num_batches, tf.logical_not(exhausted)),
+        body, [tf.constant(0, tf.int64), tf.constant(False)])
+    return done
 
 
 def _jit(function, jit_compile):
