@@ -6,10 +6,16 @@ worker process build exactly the same models and batches.
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from tfdist.models import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy, build_decoder_lm,
                            transformer_config)
+
+try:  # imported as workers.model_parallel_common (the test process)
+    from workers import train_common
+except ImportError:  # imported beside a worker script (the workers directory is on sys.path)
+    import train_common
+
+dataset, weights_of = train_common.dataset, train_common.weights_of
 
 VOCAB = 24
 SEQ = 8
@@ -41,18 +47,4 @@ def transformer(strategy, num_layers=2, seed=0):
 
 def token_arrays(n=46, seed=3):
     """Padded token sequences (0 = padding, lengths 1..SEQ: uneven masks) and next-token targets."""
-    rs = np.random.RandomState(seed)
-    lengths = rs.randint(1, SEQ + 1, size=n)
-    tokens = rs.randint(1, VOCAB, size=(n, SEQ)).astype("int32")
-    tokens[np.arange(SEQ)[None, :] >= lengths[:, None]] = 0
-    targets = np.roll(tokens, -1, axis=1)
-    targets[:, -1] = 0
-    return tokens, targets
-
-
-def dataset(arrays, batch):
-    return tf.data.Dataset.from_tensor_slices(arrays).batch(batch)
-
-
-def weights_of(model):
-    return [np.array(w) for w in model.get_weights()]
+    return train_common.token_arrays(n, seed, vocab=VOCAB, seq=SEQ)

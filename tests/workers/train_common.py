@@ -70,12 +70,12 @@ def regression_arrays(n=70, seed=1, weighted=False):
     return x, y, sample_weight
 
 
-def token_arrays(n=40, seed=2):
-    """Padded token sequences (0 = padding) and next-token targets."""
+def token_arrays(n=40, seed=2, vocab=VOCAB, seq=SEQ):
+    """Padded token sequences (0 = padding, lengths 1..seq: uneven masks) and next-token targets."""
     rs = np.random.RandomState(seed)
-    lengths = rs.randint(1, SEQ + 1, size=n)
-    tokens = rs.randint(1, VOCAB, size=(n, SEQ)).astype("int32")
-    tokens[np.arange(SEQ)[None, :] >= lengths[:, None]] = 0
+    lengths = rs.randint(1, seq + 1, size=n)
+    tokens = rs.randint(1, vocab, size=(n, seq)).astype("int32")
+    tokens[np.arange(seq)[None, :] >= lengths[:, None]] = 0
     targets = np.roll(tokens, -1, axis=1)
     targets[:, -1] = 0
     return tokens, targets
