@@ -323,3 +323,27 @@ def test_flops_per_token_matches_a_hand_count():
     assert kernels == 296
     with pytest.raises(ValueError, match="seq_len must be an integer >= 1.*got 0"):
         decoder_lm_flops_per_token(config, seq_len=0)
+
+
+def test_tanh_gelu_is_an_option_within_1e3_of_exact_and_round_trips():
+    import keras
+    import numpy as np
+
+    from tfdist.models import build_decoder_lm, transformer_config
+    from tfdist.models.layers import DecoderBlock
+
+    tokens = np.random.RandomState(0).randint(1, 30, size=(2, 10)).astype("int32")
+    exact = build_decoder_lm(transformer_config("tiny", 30, 10, num_layers=1))
+    tanh = build_decoder_lm(transformer_config("tiny", 30, 10, num_layers=1, gelu="tanh"))
+    tanh.set_weights(exact.get_weights())
+    a, b = np.asarray(exact(tokens)), np.asarray(tanh(tokens))
+    assert 0 < np.max(np.abs(a - b)) < 1e-3  # a different function, but close
+    block = tanh.get_layer("block_0")
+    assert block.ffn_in.activation.__name__ == "gelu_tanh"
+    clone = DecoderBlock.from_config(block.get_config())
+    assert clone.gelu == "tanh"
+    copy = keras.models.clone_model(tanh)
+    copy.set_weights(tanh.get_weights())
+    np.testing.assert_allclose(np.asarray(copy(tokens)), b, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="gelu must be 'exact' or 'tanh', got 'fast'"):
+        transformer_config("tiny", 30, 10, gelu="fast")

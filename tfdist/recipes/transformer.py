@@ -23,6 +23,8 @@ OPTIONS = [
     Option("sequence_length", int, None,
            "Tokens per example for file/TFDS data (the embedded task fixes its own).", minimum=2),
     Option("dropout", float, None, "Dropout rate (default: the model size's).", minimum=0.0),
+    Option("gelu", str, "exact", "Feed-forward GELU: exact (erf) or tanh (the approximation "
+           "GPT-2 uses: faster, within 1e-3).", choices=("exact", "tanh")),
     Option("num_examples", int, 4096, "Training examples of the embedded task.", minimum=1),
     Option("validation_dataset", str, None,
            "Validation data in the --dataset forms, read with the training data's vocabulary and "
@@ -138,7 +140,9 @@ def build_model(config, data):
                                build_decoder_lm, decoder_lm_flops_per_token,
                                decoder_lm_param_count, transformer_config)
 
-    overrides = {} if config.dropout is None else {"dropout": config.dropout}
+    overrides = {"gelu": config.gelu}
+    if config.dropout is not None:
+        overrides["dropout"] = config.dropout
     if config.model_size == "tiny" and config.dropout is None:
         overrides["dropout"] = 0.0
     model_config = transformer_config(config.model_size, vocab_size=data.info["vocab_size"],
@@ -153,6 +157,7 @@ def build_model(config, data):
         description=(f"decoder LM '{config.model_size}': {model_config.num_layers} layers, "
                      f"d={model_config.d_model}, {model_config.num_heads} heads, "
                      f"{decoder_lm_param_count(model_config) / 1e6:.2f} M params"
+                     + (", tanh GELU" if model_config.gelu == "tanh" else "")
                      + (f", token embedding in {shards} shards (one per ps task)"
                         if shards > 1 else "")),
         flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
