@@ -63,7 +63,8 @@ def is_gone(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped between open() and read(): reading its stat then fails with ESRCH.
         return True
 
 
