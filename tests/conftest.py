@@ -10,6 +10,10 @@ import sys
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Recipe runs here would each time 2-4 precision/XLA settings at start-up
+# (--autotune on, the default): the rules decide instead, and the autotune
+# tests turn the trial on explicitly (--autotune on / refresh).
+os.environ["TFDIST_AUTOTUNE"] = "off"
 
 from tfdist.devices import split_cpu_into_logical_devices  # noqa: E402
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 import yaml
 
+from tfdist.autotune import AUTOTUNE_ENV, AUTOTUNE_MODES, CACHE_ENV, default_autotune_mode
 from tfdist.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
 from tfdist.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
@@ -148,6 +149,19 @@ COMMON_OPTIONS = [
            "else float32), float32, mixed_float16, mixed_bfloat16; aliases: "
            f"{', '.join(PRECISION_ALIASES)}.", choices=PRECISIONS, normalize=canonical_precision),
     Option("xla", str, "auto", "XLA compilation of the replica step: auto, on, off.", choices=XLA_MODES),
+    Option("autotune", str, default_autotune_mode(),
+           "How --precision auto / --xla auto decide: on (time the candidate settings on this "
+           "model and batch for a few steps each and keep the fastest whose loss agrees with "
+           "float32; the decision is cached per model, hardware and TensorFlow version), refresh "
+           "(time them again, replacing a cached decision), off (fixed rules from the hardware). "
+           f"Default: ${AUTOTUNE_ENV} when set, else on.", choices=AUTOTUNE_MODES,
+           normalize=lambda text: text.strip().lower()),
+    Option("autotune_cache", str, None,
+           f"File of cached autotune decisions (default: ${CACHE_ENV}, else "
+           "~/.cache/tfdist/autotune.json)."),
+    Option("autotune_budget", float, 120.0,
+           "Seconds after which the autotune trial starts no new round of timed steps (compiling "
+           "each setting and one round always run).", minimum=1.0),
     Option("optimizer", str, "adamw", "Optimizer.", choices=OPTIMIZERS),
     Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0),
     Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES),

@@ -24,6 +24,7 @@ from typing import Callable
 from tfdist.dataset_specs import TFRECORD_SCHEMES, dataset_scheme
 from tfdist.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
                                parse_gpu_memory)
+from tfdist.recipes.autotune import settle_auto_choices
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel import (check_model_parallel_flags,
                                            prepare_model_parallel_devices, stage_plan_block)
@@ -382,6 +383,9 @@ def _print_config(recipe, config):
     resolved = {"precision": precision.policy, "precision_reason": precision.reason,
                 "xla": jit_compile, "xla_reason": xla_reason,
                 "gpu_memory": _gpu_memory_line(config, gpus)}
+    if config.autotune != "off" and "auto" in (config.precision, config.xla):
+        resolved["autotune"] = (f"{config.autotune}: at start-up a trial on the model (or its "
+                                "cached decision) may replace the rules' precision and XLA above")
     if config.strategy == "auto":
         resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
@@ -478,9 +482,7 @@ def _train(recipe, config, where):
     strategy = create_strategy(config.strategy, devices=devices, all_reduce=config.all_reduce,
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
-    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
-    keras.mixed_precision.set_global_policy(precision.policy)
-    keras.utils.set_random_seed(config.seed)
+    say = print if info.is_chief else (lambda *args, **kwargs: None)
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
 
@@ -492,6 +494,11 @@ def _train(recipe, config, where):
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
     check_warmup(config, steps_per_epoch)
     total_steps = optimizer_steps(config, steps_per_epoch)
+    precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
+        recipe, config, strategy, info, data, on_gpu=gpus > 0,
+        rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
+    keras.mixed_precision.set_global_policy(precision.policy)
+    keras.utils.set_random_seed(config.seed)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
     train = distribute_dataset(strategy, data.train, config.global_batch_size, training=True,
                                **pipeline)
@@ -515,12 +522,11 @@ def _train(recipe, config, where):
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
                           **model_parallel_arguments(config))
 
-    say = print if info.is_chief else (lambda *args, **kwargs: None)
     resolved = {
         "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
         "precision": precision.policy, "precision_reason": precision.reason,
-        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": _gpu_memory_line(config, gpus),
-        "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
+        "xla": jit_compile, "xla_reason": xla_reason, "autotune": autotune_summary,
+        "gpu_memory": _gpu_memory_line(config, gpus), "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
     backup_dir = config.backup_dir or (
@@ -530,7 +536,8 @@ def _train(recipe, config, where):
     if config.model_dir and info.is_chief:
         _record_run(recipe, config, resolved, resuming)
     say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
-                     steps_per_epoch, resolved["gpu_memory"] if gpus else None))
+                     steps_per_epoch, resolved["gpu_memory"] if gpus else None,
+                     autotune_summary))
     if trainer.stage_plan is not None:
         say(stage_plan_block(trainer))
     meter = ThroughputMeter(
@@ -640,7 +647,7 @@ def _steps_in(source, global_batch_size):
 
 
 def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
-                 gpu_memory=None):
+                 gpu_memory=None, autotune=None):
     per_replica = config.global_batch_size // info.num_replicas
     placement = f"{info.num_replicas} replica(s) on {info.num_workers} worker(s)"
     if info.name == "parameter_server":
@@ -658,6 +665,10 @@ def _start_block(config, info, precision, jit_compile, xla_reason, data, built, 
         + (f", {config.grad_accum_steps} micro-batches per optimizer step" if config.grad_accum_steps > 1 else ""),
         f"  precision     {precision.policy} ({precision.reason})",
         f"  XLA           {'on' if jit_compile else 'off'} ({xla_reason})",
+    ]
+    if autotune:
+        lines.append(f"  autotune      {autotune}")
+    lines += [
         f"  dataset       {data.description}",
         f"  model         {built.description}",
         f"  optimizer     {config.optimizer}, lr {config.learning_rate:g}, {config.schedule} schedule, "

@@ -1,0 +1,246 @@
+"""Autotune: the candidate grid from a described machine, the choice, the cache,
+and a real trial of a Keras model trained by tfdist's engine."""
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.autotune import (Candidate, CandidateTiming, DecisionCache, candidate_grid,
+                             candidate_precisions, choose, default_autotune_mode,
+                             default_cache_path, format_decision, hardware_signature, loss_agrees,
+                             run_trial, signature_key)
+from tfdist.autotune.trial import steps_per_round
+from tfdist.recipes.autotune import skip_reason
+from tfdist.training import Trainer
+
+AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+AVX2 = {"avx2", "fma"}
+
+
+def labels(grid):
+    return [candidate.label for candidate in grid]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (AMX, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off",
+           "mixed_bfloat16, XLA on"]),
+    ({"avx512_bf16"}, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off",
+                       "mixed_bfloat16, XLA on"]),
+    (AVX2, ["float32, XLA off", "float32, XLA on"]),
+])
+def test_the_cpu_grid_holds_bfloat16_only_where_the_cpu_has_it(flags, expected):
+    assert labels(candidate_grid("auto", "auto", on_gpu=False, cpu_flags=flags)) == expected
+
+
+def test_an_emulated_precision_is_named_as_not_tried():
+    policies, note = candidate_precisions("auto", False, cpu_flags=AVX2)
+    assert policies == ("float32",)
+    assert "mixed_bfloat16 not tried" in note and "AVX512-BF16" in note
+
+
+@pytest.mark.parametrize("capabilities, expected", [
+    ([(8, 0), (9, 0)], ("float32", "mixed_bfloat16", "mixed_float16")),
+    ([(7, 5)], ("float32", "mixed_float16")),
+    ([(6, 1)], ("float32",)),
+])
+def test_the_gpu_grid_follows_the_oldest_compute_capability(capabilities, expected):
+    policies, _ = candidate_precisions("auto", True, capabilities)
+    assert policies == expected
+
+
+def test_an_explicit_setting_closes_its_half_of_the_grid():
+    assert labels(candidate_grid("mixed_bfloat16", "auto", on_gpu=False, cpu_flags=AVX2)) == [
+        "mixed_bfloat16, XLA off", "mixed_bfloat16, XLA on"]
+    assert labels(candidate_grid("auto", "on", on_gpu=False, cpu_flags=AMX)) == [
+        "float32, XLA on", "mixed_bfloat16, XLA on"]
+    assert labels(candidate_grid("float32", "off", on_gpu=False, cpu_flags=AMX)) == [
+        "float32, XLA off"]
+
+
+def test_a_model_that_cannot_compile_is_never_timed_with_xla():
+    grid = candidate_grid("auto", "auto", on_gpu=False, cpu_flags=AMX,
+                          xla_blocker="synchronised BatchNorm all-reduces inside the model")
+    assert labels(grid) == ["float32, XLA off", "mixed_bfloat16, XLA off"]
+
+
+def timing(policy, jit, step, first_loss, **kwargs):
+    return CandidateTiming(Candidate(policy, jit), 1.0, [step, step, step], first_loss, **kwargs)
+
+
+def test_the_fastest_setting_whose_loss_agrees_with_float32_is_chosen():
+    timings = [timing("float32", False, 1.0, 9.0), timing("float32", True, 0.8, 9.0),
+               timing("mixed_bfloat16", False, 0.5, 9.05)]
+    decision = choose(timings, global_batch_size=32)
+    assert decision.choice == Candidate("mixed_bfloat16", False)
+    by_label = {row["label"]: row for row in decision.rows}
+    assert by_label["mixed_bfloat16, XLA off"]["examples_per_sec"] == pytest.approx(64.0)
+    assert by_label["float32, XLA off"]["vs_best"] == pytest.approx(0.5)
+    assert by_label["mixed_bfloat16, XLA off"]["loss_diff"] == pytest.approx(0.05 / 9.0)
+    assert "1.60x the next" in decision.reason
+
+
+@pytest.mark.parametrize("bad, note", [
+    (dict(first_loss=9.5), "more than 2% apart"),
+    (dict(first_loss=9.0, finite=False), "loss not finite"),
+    (dict(first_loss=None, error="InternalError: no kernel"), "could not run"),
+])
+def test_a_faster_setting_that_disagrees_or_fails_is_not_chosen(bad, note):
+    first_loss = bad.pop("first_loss")
+    timings = [timing("float32", False, 1.0, 9.0), timing("mixed_bfloat16", False, 0.5,
+                                                          first_loss, **bad)]
+    decision = choose(timings, global_batch_size=32)
+    assert decision.choice == Candidate("float32", False)
+    assert note in decision.rows[1]["note"]
+    text = format_decision(decision)
+    assert "(not eligible: " in text and note in text
+
+
+def test_no_eligible_setting_means_no_choice():
+    decision = choose([timing("float32", False, 1.0, float("nan"), finite=False)], 32)
+    assert decision.choice is None and "no setting" in decision.reason
+
+
+def test_loss_agreement_tolerance():
+    assert loss_agrees(9.0 * 1.019, 9.0) and not loss_agrees(9.0 * 1.021, 9.0)
+    assert loss_agrees(123.0, None)
+
+
+def test_fast_steps_are_run_more_often_per_round():
+    assert steps_per_round(3, 0.01, 0.5) == 50  # capped
+    assert steps_per_round(3, 0.1, 0.5) == 5
+    assert steps_per_round(3, 2.0, 0.5) == 3
+
+
+def test_the_cache_path_and_the_mode_come_from_the_environment(tmp_path):
+    assert default_cache_path({"HOME": "/home/u"}) == "/home/u/.cache/tfdist/autotune.json"
+    assert default_cache_path({"TFDIST_AUTOTUNE_CACHE": str(tmp_path / "a.json")}) == str(
+        tmp_path / "a.json")
+    assert default_autotune_mode({"TFDIST_AUTOTUNE": "refresh"}) == "refresh"
+
+
+def test_the_cache_keeps_decisions_per_key_in_one_json_file(tmp_path):
+    path = tmp_path / "sub" / "autotune.json"
+    cache = DecisionCache(str(path))
+    assert cache.get("a") is None
+    assert cache.put("a", {"choice": {"precision": "float32", "xla": True}})
+    assert cache.put("b", {"choice": {"precision": "mixed_bfloat16", "xla": False}})
+    again = DecisionCache(str(path))
+    assert again.get("a")["choice"] == {"precision": "float32", "xla": True}
+    assert again.get("b")["choice"]["precision"] == "mixed_bfloat16"
+    assert "measured_at" in again.get("a")
+    assert [name for name in os.listdir(path.parent)] == ["autotune.json"]  # no temp left
+
+
+def test_an_unreadable_cache_is_reported_and_replaced(tmp_path, caplog):
+    path = tmp_path / "autotune.json"
+    path.write_text("{half a fi")
+    cache = DecisionCache(str(path))
+    with caplog.at_level("WARNING", logger="tfdist"):
+        assert cache.get("a") is None
+    assert "cannot be read" in caplog.text and str(path) in caplog.text
+    assert cache.put("a", {"choice": {}})
+    assert json.loads(path.read_text())["decisions"]["a"]["choice"] == {}
+
+
+def test_an_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = DecisionCache(str(blocker / "autotune.json"))  # its folder is a file
+    with caplog.at_level("WARNING", logger="tfdist"):
+        assert cache.put("a", {"choice": {}}) is False
+    assert "could not be cached" in caplog.text and "--autotune-cache" in caplog.text
+
+
+def test_signatures_differ_by_hardware_and_agree_otherwise():
+    amx = hardware_signature(AMX | {"sse"}, cpu_name="Xeon", cpus=2)
+    avx2 = hardware_signature(AVX2, cpu_name="EPYC", cpus=2)
+    assert amx["cpu_flags"] == ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"]
+    base = {"recipe": "transformer", "options": {"model_size": "tiny"}}
+    assert signature_key(dict(base, hardware=amx)) == signature_key(dict(base, hardware=amx))
+    assert signature_key(dict(base, hardware=amx)) != signature_key(dict(base, hardware=avx2))
+
+
+class _Info:
+    def __init__(self, name, num_workers):
+        self.name, self.num_workers = name, num_workers
+
+
+class _Config:
+    model_parallel = 1
+
+
+def test_a_trial_is_skipped_where_workers_could_disagree():
+    assert "2 workers" in skip_reason(_Config(), _Info("multi_worker_mirrored", 2))
+    assert "parameter servers" in skip_reason(_Config(), _Info("parameter_server", 1))
+    assert skip_reason(_Config(), _Info("mirrored", 1)) is None
+
+
+def _builder(fail_with_xla=False):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 16)).astype("float32")
+    y = rng.integers(0, 4, size=(64,)).astype("int32")
+    built = []
+
+    def build(candidate):
+        if fail_with_xla and candidate.jit_compile:
+            raise ValueError("this model cannot be compiled")
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(4),
+                                  keras.layers.Activation("linear", dtype="float32")])
+        built.append((candidate, keras.mixed_precision.dtype_policy().name,
+                      [w.numpy().copy() for w in model.weights]))
+        trainer = Trainer(model, keras.optimizers.SGD(0.1),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          jit_compile=candidate.jit_compile)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).take(1).cache().repeat()
+        return trainer, dataset
+
+    return build, built
+
+
+def test_a_real_trial_times_every_setting_from_the_same_weights_and_restores_the_policy():
+    build, built = _builder()
+    grid = [Candidate("float32", False), Candidate("float32", True),
+            Candidate("mixed_bfloat16", False)]
+    before = keras.mixed_precision.dtype_policy().name
+    lines = []
+    timings = run_trial(grid, build, seed=7, rounds=2, steps=2, min_round_seconds=0.0,
+                        log=lines.append)
+    assert keras.mixed_precision.dtype_policy().name == before
+    assert [policy for _, policy, _ in built] == ["float32", "float32", "mixed_bfloat16"]
+    for _, _, weights in built[1:]:  # each candidate starts from the same weights
+        for first, other in zip(built[0][2], weights):
+            np.testing.assert_array_equal(first, other)
+    assert [len(t.step_times) for t in timings] == [4, 4, 4]  # 2 rounds x 2 steps
+    assert all(t.finite and t.error is None for t in timings)
+    assert timings[1].first_loss == pytest.approx(timings[0].first_loss, rel=1e-5)
+    assert timings[2].first_loss == pytest.approx(timings[0].first_loss, rel=2e-2)
+    assert timings[0].first_loss != timings[2].first_loss  # bf16 really ran in bf16
+    decision = choose(timings, 32)
+    assert decision.choice in grid and all(row["eligible"] for row in decision.rows)
+    assert sum("compiled and ran 2 steps" in line for line in lines) == 3
+
+
+def test_a_setting_that_cannot_run_is_left_out_with_the_reason():
+    build, _ = _builder(fail_with_xla=True)
+    timings = run_trial([Candidate("float32", False), Candidate("float32", True)], build,
+                        seed=0, rounds=1, steps=1, min_round_seconds=0.0)
+    assert timings[1].error == "ValueError: this model cannot be compiled"
+    assert timings[1].step_times == [] and len(timings[0].step_times) == 1
+    decision = choose(timings, 32)
+    assert decision.choice == Candidate("float32", False)
+
+
+def test_the_trial_budget_stops_new_rounds():
+    build, _ = _builder()
+    lines = []
+    timings = run_trial([Candidate("float32", False)], build, seed=0, rounds=5, steps=1,
+                        max_seconds=1e-9, min_round_seconds=0.0, log=lines.append)
+    assert len(timings[0].step_times) == 1  # the first round always runs, no second
+    assert any("budget is spent" in line for line in lines)
+    assert math.isfinite(timings[0].first_loss)

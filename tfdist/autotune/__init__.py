@@ -1,0 +1,45 @@
+"""Autotune: `--precision auto` / `--xla auto` decided by timing the actual model.
+
+The rules in `tfdist.precision` and `tfdist.xla` are fixed guesses from the
+hardware; the fastest setting also depends on the model and the batch. A
+trial (`run_trial`) builds the model once per candidate setting
+(`candidate_grid`), runs a few steps of each in alternating rounds,
+compile time apart, and `choose` picks the fastest whose loss agrees with
+float32. `DecisionCache` remembers the decision per model signature,
+hardware and TensorFlow version, so the next run starts at once. The
+recipes drive this (`tfdist.recipes.autotune`); `--autotune off` keeps the
+rules.
+
+Example:
+
+    grid = candidate_grid("auto", "auto", on_gpu=False, cpu_flags=cpu_flags())
+    timings = run_trial(grid, build, seed=42)
+    decision = choose(timings, global_batch_size=64)
+    print(format_decision(decision))
+"""
+
+from tfdist.autotune.cache import (CACHE_ENV, RUN_ONLY_OPTIONS, DecisionCache,
+                                   default_cache_path, hardware_signature, signature_key)
+from tfdist.autotune.candidates import Candidate, candidate_grid, candidate_precisions
+from tfdist.autotune.modes import AUTOTUNE_ENV, AUTOTUNE_MODES, default_autotune_mode
+from tfdist.autotune.decide import LOSS_RTOL, Decision, choose, format_decision, loss_agrees
+
+_TRIAL_NAMES = ("CandidateTiming", "TrialClock", "run_trial")
+
+
+def __getattr__(name):
+    # The trial needs Keras (and so TensorFlow); the rest does not, so that
+    # the recipes can validate `--autotune` without starting TensorFlow.
+    if name in _TRIAL_NAMES:
+        from tfdist.autotune import trial
+
+        return getattr(trial, name)
+    raise AttributeError(f"module 'tfdist.autotune' has no attribute {name!r}")
+
+
+__all__ = [
+    "AUTOTUNE_ENV", "AUTOTUNE_MODES", "CACHE_ENV", "Candidate", "CandidateTiming", "Decision",
+    "DecisionCache", "LOSS_RTOL", "RUN_ONLY_OPTIONS", "TrialClock", "candidate_grid",
+    "candidate_precisions", "choose", "default_autotune_mode", "default_cache_path", "format_decision",
+    "hardware_signature", "loss_agrees", "run_trial", "signature_key",
+]

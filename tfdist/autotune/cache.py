@@ -1,0 +1,201 @@
+"""Remembered autotune decisions, one per model, batch, hardware and TF version.
+
+A trial costs seconds to minutes; its decision is stored in a JSON file so
+that the next run of the same model on the same kind of machine starts at
+once. The key is a hash of a *signature*: what the step's speed depends on
+(the recipe and the options that shape the model, the data and the batch,
+the strategy and its replicas, the CPU or GPU model and flags, the TensorFlow
+and Keras versions). Options that only change how long the run is or where
+it writes (epochs, model_dir, seed, ...) are left out.
+
+The file is `$TFDIST_AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/tfdist/autotune.json`,
+else `~/.cache/tfdist/autotune.json`. It is written whole to a temporary file
+and renamed, so a reader never sees half a file; an unreadable file is
+reported and treated as empty.
+
+Example:
+
+    cache = DecisionCache()
+    key = signature_key(signature)
+    entry = cache.get(key)            # None on a miss
+    cache.put(key, {"choice": {...}, "figures": [...]})
+"""
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import tempfile
+
+logger = logging.getLogger("tfdist")
+
+CACHE_ENV = "TFDIST_AUTOTUNE_CACHE"
+FORMAT_VERSION = 1
+
+RUN_ONLY_OPTIONS = frozenset({
+    "epochs", "steps_per_epoch", "validation_steps", "model_dir", "log_every", "profile_steps",
+    "backup_dir", "backup_every", "backup_keep", "divergence_factor", "seed", "verbose",
+    "tf_log_level", "skip_corrupt_records", "autotune", "autotune_cache", "learning_rate",
+    "warmup_steps", "schedule", "gpu_memory", "cluster_resolver",
+})
+"""Options that do not change how fast one training step runs: left out of
+the signature, so that a longer run or another output folder reuses the
+decision."""
+
+_HARDWARE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
+                   "amx_int8", "fma")
+
+
+def default_cache_path(environ=None):
+    """Where decisions are kept (see the module docstring).
+
+    Args:
+        environ: the environment (default `os.environ`).
+
+    Example:
+
+    >>> default_cache_path({"TFDIST_AUTOTUNE_CACHE": "/tmp/a.json"})
+    '/tmp/a.json'
+    >>> default_cache_path({"XDG_CACHE_HOME": "/c", "HOME": "/h"})
+    '/c/tfdist/autotune.json'
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(CACHE_ENV):
+        return environ[CACHE_ENV]
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tfdist", "autotune.json")
+
+
+def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's model name ("unknown" where it cannot be read).
+
+    Example:
+
+    >>> cpu_model_name()  # doctest: +SKIP
+    'AMD EPYC 9R14 96-Core Processor'
+    """
+    try:
+        with open(cpuinfo_path) as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def hardware_signature(cpu_flags, gpus=(), cpu_name=None, cpus=None):
+    """What the hardware contributes to a signature.
+
+    Args:
+        cpu_flags: the CPU feature flags (only those that change kernels are kept).
+        gpus: `(name, (major, minor))` of each GPU.
+        cpu_name: the CPU model name (default: read from /proc/cpuinfo).
+        cpus: CPUs this process may use (default: its affinity).
+
+    Example:
+
+    >>> hardware_signature({"avx2", "sse"}, cpu_name="X", cpus=2)
+    {'cpu': 'X', 'cpu_flags': ['avx2'], 'cpus': 2, 'gpus': []}
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_name if cpu_name is not None else cpu_model_name(),
+            "cpu_flags": sorted(set(cpu_flags).intersection(_HARDWARE_FLAGS)),
+            "cpus": cpus, "gpus": [[name, list(capability)] for name, capability in gpus]}
+
+
+def signature_key(signature):
+    """A short stable hash of a signature (a JSON-serialisable dict).
+
+    Example:
+
+    >>> signature_key({"a": 1}) == signature_key({"a": 1})
+    True
+    >>> len(signature_key({"a": 1}))
+    16
+    """
+    text = json.dumps(signature, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class DecisionCache:
+    """The JSON file of autotune decisions, keyed by `signature_key`.
+
+    Args:
+        path: the file (default: `default_cache_path()`).
+
+    Example:
+
+    >>> cache = DecisionCache("/tmp/autotune.json")
+    >>> cache.put("abc", {"choice": {"precision": "float32", "xla": True}})
+    >>> cache.get("abc")["choice"]["xla"]
+    True
+    """
+
+    def __init__(self, path=None):
+        self.path = path or default_cache_path()
+
+    def _read(self):
+        try:
+            with open(self.path) as stream:
+                content = json.load(stream)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            logger.warning("The autotune cache %s cannot be read (%s); it is treated as empty "
+                           "and will be rewritten.", self.path, error)
+            return {}
+        if not isinstance(content, dict) or content.get("format") != FORMAT_VERSION:
+            return {}
+        return content.get("decisions", {})
+
+    def get(self, key):
+        """The stored entry for `key`, or None.
+
+        Example:
+
+        >>> DecisionCache("/nonexistent/x.json").get("abc") is None
+        True
+        """
+        entry = self._read().get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put(self, key, entry):
+        """Stores `entry` (a JSON-serialisable dict) under `key`, atomically.
+
+        The time of the decision is added as `measured_at`. A cache that
+        cannot be written is a warning, not an error: the run goes on.
+
+        Returns:
+            True when the file was written.
+
+        Example:
+
+        >>> DecisionCache("/tmp/autotune.json").put("abc", {"choice": {}})
+        True
+        """
+        decisions = self._read()
+        decisions[key] = dict(entry, measured_at=datetime.datetime.now().isoformat(
+            timespec="seconds"))
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=folder, prefix=".autotune-", suffix=".tmp")
+            try:
+                with os.fdopen(handle, "w") as stream:
+                    json.dump({"format": FORMAT_VERSION, "decisions": decisions}, stream,
+                              indent=1, sort_keys=True)
+                os.replace(temporary, self.path)
+            except BaseException:
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+                raise
+        except OSError as error:
+            logger.warning("The autotune decision could not be cached in %s (%s); the next run "
+                           "will measure again. Set $%s or --autotune-cache to a writable file.",
+                           self.path, error, CACHE_ENV)
+            return False
+        return True

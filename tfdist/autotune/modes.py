@@ -1,0 +1,32 @@
+"""The `--autotune` modes and their default.
+
+Example:
+
+    default_autotune_mode()   # 'on' unless $TFDIST_AUTOTUNE says otherwise
+"""
+
+import os
+
+AUTOTUNE_MODES = ("on", "off", "refresh")
+"""`on`: use a cached decision or run a trial; `off`: the fixed rules;
+`refresh`: run a trial even when a decision is cached, and replace it."""
+AUTOTUNE_ENV = "TFDIST_AUTOTUNE"
+"""Sets the default of `--autotune` (e.g. `off` where start-up time matters
+more than the step, as in a test suite)."""
+
+
+def default_autotune_mode(environ=None):
+    """`--autotune`'s default: `$TFDIST_AUTOTUNE` when set, else "on".
+
+    Args:
+        environ: the environment (default `os.environ`).
+
+    Example:
+
+    >>> default_autotune_mode({"TFDIST_AUTOTUNE": " OFF "})
+    'off'
+    >>> default_autotune_mode({})
+    'on'
+    """
+    environ = os.environ if environ is None else environ
+    return (environ.get(AUTOTUNE_ENV) or "on").strip().lower()
