@@ -286,3 +286,116 @@ def input_bound_advice(headroom, threshold=INPUT_HEADROOM_WARNING):
             "examples (cache=True in make_dataset_fn), raise the parallelism of decode/augment "
             "(num_parallel_calls, already AUTOTUNE in tfdist.data), prefetch more batches, "
             "move augmentation to the accelerator, or preprocess offline into TFRecords.")
+
+
+def fastest_peak(peaks):
+    """The highest of the matmul peaks measured in one run, and its precision.
+
+    MFU against this peak says how far a run is from the fastest dense
+    algebra the machine showed in any precision (e.g. a float32 run on a CPU
+    with fast bfloat16 against the bfloat16 peak), not only in its own.
+
+    Args:
+        peaks: `{precision: FLOP/s}` (as `run_comparison` reports them),
+            non-empty, each a finite number > 0.
+
+    Returns:
+        `(precision, flops_per_sec)`; of equal peaks, the first in `peaks`.
+
+    Raises:
+        ValueError: no peaks, or a peak that is not a finite number > 0 (its
+            precision is named).
+
+    Example:
+
+    >>> fastest_peak({"float32": 2.1e11, "mixed_bfloat16": 4.1e11})
+    ('mixed_bfloat16', 410000000000.0)
+    """
+    if not peaks:
+        raise ValueError(f"fastest_peak needs at least one measured peak, got {peaks!r}.")
+    for precision, value in peaks.items():
+        _check_positive(f"peak of {precision}", value)
+    best = max(peaks.values())
+    return next((p, v) for p, v in peaks.items() if v == best)
+
+
+def mfu_vs_fastest_peak(model_flops_per_sec, peaks):
+    """MFU against the fastest peak of the run (see `fastest_peak`), named.
+
+    Args:
+        model_flops_per_sec: the model's FLOP/s (analytic FLOPs x examples/s).
+        peaks: `{precision: FLOP/s}` measured in the same run.
+
+    Returns:
+        `{"mfu_vs_fastest_peak": ..., "fastest_peak_precision": ...,
+        "fastest_peak_flops_per_sec": ...}`.
+
+    Raises:
+        ValueError: see `fastest_peak` and `model_flops_utilization`.
+
+    Example:
+
+    >>> mfu_vs_fastest_peak(41e9, {"float32": 2e11, "mixed_bfloat16": 4.1e11})
+    {'mfu_vs_fastest_peak': 0.1, 'fastest_peak_precision': 'mixed_bfloat16', \
+'fastest_peak_flops_per_sec': 410000000000.0}
+    """
+    precision, peak = fastest_peak(peaks)
+    return {"mfu_vs_fastest_peak": model_flops_utilization(model_flops_per_sec, peak),
+            "fastest_peak_precision": precision, "fastest_peak_flops_per_sec": peak}
+
+
+STEP_PARTS = (("matmul", ("matmul",)), ("softmax/loss", ("softmax/loss",)),
+              ("elementwise", ("rng and bitwise", "data and copies", "elementwise and other")))
+"""Parts of a step's compute time, each with the profile op kinds it sums
+(`tfdist.bench.profile.KINDS` and `OTHER`): everything but matmuls and
+softmax/loss counts as elementwise (copies, RNG, other ops too)."""
+STEP_SHARES = ("data",) + tuple(part for part, _ in STEP_PARTS)
+"""Keys of `step_time_shares`: input wait first, then the compute parts."""
+
+
+def step_time_shares(kind_shares, input_wait_share):
+    """Splits a step into input wait and the compute parts of `STEP_PARTS`.
+
+    The input-wait share (`input_wait_share`) is the `data` part; the rest of
+    the step, `1 - input_wait_share`, is compute, split in proportion to the
+    op kinds' shares of a profile's op self time (`summarise_events`). The
+    split assumes the op self times add up in the same proportions as their
+    wall time (ops on parallel threads count each). The four parts sum to 1.
+
+    Args:
+        kind_shares: `{profile op kind: share}` (times work too: only their
+            proportions count); kinds left out count 0, at least one > 0.
+        input_wait_share: the share of the step spent waiting for input, in
+            `[0, 1]` (`input_wait_share`).
+
+    Returns:
+        `{"data": ..., "matmul": ..., "softmax/loss": ..., "elementwise": ...}`.
+
+    Raises:
+        ValueError: an unknown kind (the known ones are named), a negative or
+            non-number share, all shares 0, or a wait share outside [0, 1].
+
+    Example:
+
+    >>> step_time_shares({"matmul": 0.5, "softmax/loss": 0.25, "data and copies": 0.125,
+    ...                   "elementwise and other": 0.125}, 0.25)
+    {'data': 0.25, 'matmul': 0.375, 'softmax/loss': 0.1875, 'elementwise': 0.1875}
+    """
+    known = [kind for _, kinds in STEP_PARTS for kind in kinds]
+    unknown = [kind for kind in kind_shares if kind not in known]
+    if unknown:
+        raise ValueError(f"Unknown op kind(s) {unknown}; the known ones are {', '.join(known)}.")
+    for kind, value in kind_shares.items():
+        _check_non_negative(f"share of {kind}", value)
+    total = sum(kind_shares.values())
+    if total <= 0:
+        raise ValueError(f"The op kind shares are all 0 ({kind_shares!r}): nothing was profiled "
+                         "to split the compute time by.")
+    _check_non_negative("input_wait_share", input_wait_share)
+    if input_wait_share > 1:
+        raise ValueError(f"input_wait_share must be in [0, 1], got {input_wait_share!r}.")
+    compute = 1.0 - input_wait_share
+    shares = {"data": float(input_wait_share)}
+    for part, kinds in STEP_PARTS:
+        shares[part] = compute * sum(kind_shares.get(kind, 0) for kind in kinds) / total
+    return shares
