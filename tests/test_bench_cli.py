@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from mw import REPO_ROOT
+from tfdist.bench.figures import step_time_shares
 from tfdist.xla import resolve_xla
 
 AVX2_CPU = "avx2 fma"
@@ -91,8 +92,19 @@ def test_quick_report_writes_table_json_and_plot(tmp_path):
     assert check["headroom"] == pytest.approx(check["pipeline_examples_per_sec"]
                                               / check["training_examples_per_sec"])
 
+    # Profiled by default: each setting's step split into input wait and compute kinds.
+    assert (out / "profiles" / "transformer").is_dir()
+    for name, figures in settings["contenders"].items():
+        kinds = {k: v["share"] for k, v in settings["profiles"][name]["kinds"].items()}
+        assert figures["step_shares"] == pytest.approx(
+            step_time_shares(kinds, figures["input_wait_share"]))
+        assert figures["mfu_vs_fastest_peak"] <= figures["mfu"]
+
     table = (out / "report.md").read_text()
     assert "| Replicas | Workers | Precision | XLA |" in table
+    fastest = settings["fastest_peak"]
+    assert (f"| MFU vs fastest peak ({fastest['precision']} "
+            f"{fastest['flops_per_sec'] / 1e9:.1f} GFLOP/s) | Input wait |") in table
     assert "CPU figures" in table
     assert "tfdist / keras fit" in table
     png = (out / "scaling.png").read_bytes()
@@ -100,14 +112,16 @@ def test_quick_report_writes_table_json_and_plot(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cpu_flags, auto_precision, auto_xla", [
-    (AVX2_CPU, "float32", True),
-    (BF16_CPU, "mixed_bfloat16", False),
+@pytest.mark.parametrize("cpu_flags, auto_precision, auto_xla, profile", [
+    (AVX2_CPU, "float32", True, False),
+    (BF16_CPU, "mixed_bfloat16", False, True),
 ])
 def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path, cpu_flags,
-                                                                auto_precision, auto_xla):
+                                                                auto_precision, auto_xla,
+                                                                profile):
     path = tmp_path / "engine.json"
-    result = _run(["engine", "--quick", "--same-xla", "off", "--json-out", str(path)],
+    result = _run(["engine", "--quick", "--same-xla", "off", "--json-out", str(path)]
+                  + (["--profile", str(tmp_path / "profiles")] if profile else []),
                   cpu_flags=cpu_flags)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "same settings (float32, XLA off, strategy default): tfdist / keras fit:" in result.stdout
@@ -129,6 +143,28 @@ def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path, cpu_fla
     for name, figures in report["contenders"].items():
         assert figures["mfu"] == pytest.approx(
             figures["model_flops_per_sec"] / report["peaks"][figures["precision"]])
+    # The gap to the hardware limit: bf16's peak is measured even with float32
+    # contenders only, and MFU is also taken against the fastest peak, named.
+    assert {"float32", "mixed_bfloat16"} <= set(report["peaks"])
+    fastest = max(report["peaks"], key=report["peaks"].get)
+    assert report["fastest_peak"] == {"precision": fastest,
+                                      "flops_per_sec": report["peaks"][fastest]}
+    assert "  gap to the hardware limit (" in result.stdout
+    for name, figures in report["contenders"].items():
+        assert figures["fastest_peak_precision"] == fastest
+        assert figures["mfu_vs_fastest_peak"] == pytest.approx(
+            figures["model_flops_per_sec"] / report["peaks"][fastest])
+        assert 0.0 <= figures["input_wait_share"] <= 1.0
+        gap = next(line for line in result.stdout.splitlines()
+                   if line.startswith(f"  {name:<24} MFU "))
+        assert f"% vs fastest peak ({fastest} " in gap
+        if profile:
+            kinds = {k: v["share"] for k, v in report["profiles"][name]["kinds"].items()}
+            assert figures["step_shares"] == pytest.approx(
+                step_time_shares(kinds, figures["input_wait_share"]))
+            assert "| step: data " in gap and ", elementwise " in gap
+        else:
+            assert "step_shares" not in figures and "compute" in gap
 
 
 @pytest.mark.slow

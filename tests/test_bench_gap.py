@@ -6,6 +6,9 @@ import pytest
 
 from tfdist.bench import figures as fig
 from tfdist.bench import profile
+from tfdist.bench.alternate import run_rounds
+from tfdist.bench.compare import format_comparison, gap_line
+from tfdist.bench.report import contender_table, render_markdown, step_share_cells
 
 
 def test_fastest_peak_is_the_highest_and_names_its_precision():
@@ -65,3 +68,98 @@ def test_step_parts_cover_every_profile_kind_once():
     grouped = [kind for _, kinds in fig.STEP_PARTS for kind in kinds]
     assert sorted(grouped) == sorted([kind for kind, _ in profile.KINDS] + [profile.OTHER])
     assert fig.STEP_SHARES == ("data", "matmul", "softmax/loss", "elementwise")
+
+
+def _contender(**extra):
+    figures = {"precision": "float32", "xla": False, "xla_reason": "asked for",
+               "strategy": "default", "examples_per_sec": 100.0, "tokens_per_sec": 3200.0,
+               "step_time_p50_ms": 80.0, "step_time_p90_ms": 90.0, "step_time_p99_ms": 99.0,
+               "model_flops_per_sec": 2e10, "peak_flops_per_sec": 2e11, "mfu": 0.1,
+               "mfu_vs_fastest_peak": 0.05, "fastest_peak_precision": "mixed_bfloat16",
+               "fastest_peak_flops_per_sec": 4e11, "input_wait_share": 0.1}
+    figures.update(extra)
+    return figures
+
+
+def _report():
+    shares = {"data": 0.1, "matmul": 0.54, "softmax/loss": 0.09, "elementwise": 0.27}
+    return {"workload_label": "transformer tiny", "global_batch_size": 8, "rounds": 1,
+            "steps": 2, "peaks": {"float32": 2e11, "mixed_bfloat16": 4e11},
+            "peak_matmul_size": 512, "fastest_peak": {"precision": "mixed_bfloat16",
+                                                      "flops_per_sec": 4e11},
+            "contenders": {"tfdist fp32": _contender(step_shares=shares),
+                           "keras fp32": _contender(input_wait_share=0.25)},
+            "unsupported": {"tfdist fp16": "ValueError: no"}, "comparisons": [],
+            "profile_input": "memory"}
+
+
+def test_gap_line_with_and_without_the_profile():
+    report = _report()
+    assert gap_line("tfdist fp32", report["contenders"]["tfdist fp32"]) == (
+        "  tfdist fp32              MFU 10.0% vs float32 peak, 5.0% vs fastest peak "
+        "(mixed_bfloat16 400.0 GFLOP/s) | step: data 10%, matmul 54%, softmax/loss 9%, "
+        "elementwise 27%")
+    assert gap_line("keras fp32", report["contenders"]["keras fp32"]).endswith(
+        "| step: data 25%, compute 75% (not profiled)")
+    assert gap_line("x", {"precision": "float32"}) == f"  {'x':<24} MFU not measured"
+
+
+def test_format_comparison_adds_the_gap_block_and_keeps_the_old_lines():
+    text = format_comparison(_report(), "Settings")
+    lines = text.splitlines()
+    assert "  matmul peak mixed_bfloat16: 400.0 GFLOP/s (512x512, same run)" in lines
+    assert any(line.startswith("  tfdist fp32") and "examples/s" in line and "MFU 10.0%" in line
+               for line in lines)
+    header = lines.index("  gap to the hardware limit (MFU vs the same-run matmul peak of its "
+                         "own precision and of the fastest one; shares of the step time):")
+    assert lines[header + 1] == gap_line("tfdist fp32", _report()["contenders"]["tfdist fp32"])
+    assert lines[header + 2].startswith("  keras fp32")
+
+
+def test_contender_table_has_the_fastest_peak_and_step_share_columns():
+    table = contender_table(_report()).splitlines()
+    assert table[0].endswith("| MFU | MFU vs fastest peak (mixed_bfloat16 400.0 GFLOP/s) | "
+                             "Input wait | Matmul | Softmax/loss | Elementwise |")
+    assert table[2] == ("| tfdist fp32 | float32 | off | 100.0 | 3,200 | 80 / 90 / 99 | 20.0 | "
+                        "200.0 | 10.0% | 5.0% | 10% | 54% | 9% | 27% |")
+    assert table[3].endswith("| 10.0% | 5.0% | 25% | not profiled | not profiled | "
+                             "not profiled |")
+    columns = table[0].count("|")
+    assert table[4].startswith("| tfdist fp16 | - | - | unsupported: ValueError: no |")
+    assert table[4].count("|") == columns
+    assert step_share_cells({}) == ["-"] * 4
+
+
+def test_markdown_report_explains_the_step_shares():
+    result = {"meta": {"device_kind": "CPU", "machine": "2 CPU cores (test)", "tensorflow": "x",
+                       "keras": "y", "date": "today", "command": "tfdist bench --quick"},
+              "peaks": {}, "scaling": {}, "settings": {"transformer": _report()}}
+    text = render_markdown(result)
+    assert "MFU vs fastest peak (mixed_bfloat16 400.0 GFLOP/s)" in text
+    assert "| tfdist fp32 | float32 | off | 100.0 |" in text
+    assert "Step shares: input wait is the extra step time" in text
+
+
+class _Fake:
+    """A contender of `run_rounds` that records which inputs it ran."""
+
+    global_batch_size = 4
+
+    def __init__(self, inputs=None):
+        if inputs is not None:
+            self.inputs = inputs
+        self.ran = []
+
+    def run(self, steps, input="pipeline"):
+        self.ran.append(input)
+        return [0.5] * steps
+
+
+def test_run_rounds_skips_the_inputs_a_contender_does_not_offer():
+    trainer, probe = _Fake(), _Fake(inputs=("pipeline",))
+    results = run_rounds({"trainer": trainer, "probe": probe}, rounds=2, steps=1,
+                         inputs=("pipeline", "memory"), warmup_steps=0)
+    assert trainer.ran == ["pipeline", "memory", "memory", "pipeline"]  # odd rounds reversed
+    assert probe.ran == ["pipeline", "pipeline"]
+    assert set(results["probe"].times) == {"pipeline"}
+    assert results["trainer"].pooled("memory") == [0.5, 0.5]

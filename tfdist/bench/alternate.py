@@ -75,7 +75,8 @@ def run_rounds(contenders, rounds, steps, inputs=("pipeline",), warmup_steps=2, 
             round's order; odd rounds run in reverse).
         rounds: number of rounds, >= 1.
         steps: measured steps per contender, input and round, >= 1.
-        inputs: which inputs to measure ("pipeline", "memory").
+        inputs: which inputs to measure ("pipeline", "memory"); a contender
+            with an `inputs` attribute is measured only on those it lists.
         warmup_steps: unmeasured steps per contender and input before the
             first round (tracing, XLA compilation); 0 when they are warm.
         log: called with one progress line per round, or None.
@@ -98,7 +99,8 @@ def run_rounds(contenders, rounds, steps, inputs=("pipeline",), warmup_steps=2, 
         contenders[name].warm_up(warmup_steps, inputs)
         log(f"  warm-up {name}: {time.perf_counter() - start:.0f} s")
     results = {name: Rounds(contenders[name].global_batch_size) for name in names}
-    jobs = [(name, input) for name in names for input in inputs]
+    jobs = [(name, input) for name in names for input in inputs
+            if input in getattr(contenders[name], "inputs", inputs)]
     for index in range(rounds):
         order = jobs if index % 2 == 0 else list(reversed(jobs))
         parts = []

@@ -108,6 +108,10 @@ def report_parser():
                              "point keeps its median (default 1)")
     parser.add_argument("--point-timeout", type=float, default=600.0,
                         help="seconds per sweep point before it is stopped (default 600)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="do not profile 2 steps of each compared setting (into "
+                             "OUT/profiles/MODEL/); without the profile the step-time shares "
+                             "show only the input wait, not matmul/softmax/elementwise")
     add_tf_log_level_flag(parser)
     return parser
 
@@ -150,7 +154,11 @@ def engine_parser():
                         help="more recipe flags for the model, e.g. '--dropout 0'")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="after the rounds, profile 2 steps of each contender into DIR and "
-                             "print where the time goes (op kinds)")
+                             "print where the time goes (op kinds) and the shares of the step "
+                             "in input wait, matmul, softmax/loss and elementwise")
+    parser.add_argument("--no-input-share", action="store_true",
+                        help="skip the rounds on one batch replayed from memory (they measure "
+                             "the input-wait share and double the measuring time)")
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 1 round of 2 steps (for tests)")
@@ -199,7 +207,7 @@ def run_report_command(argv):
         max_workers=args.max_workers, precision=args.precision, xla=args.xla,
         factors=() if "none" in args.compare else args.compare, rounds=args.rounds,
         steps=args.steps, sweep_rounds=args.sweep_rounds, sweep_steps=args.sweep_steps,
-        sweep_repeats=args.sweep_repeats,
+        sweep_repeats=args.sweep_repeats, profile=not args.no_profile,
         sequence_length=args.sequence_length, vocab_size=args.vocab_size, data=args.data,
         point_timeout=args.point_timeout, command=command_line(["report"] + list(argv)))
     for model in options.models:
@@ -231,6 +239,7 @@ def run_engine_command(argv):
 
     from tfdist.bench.compare import format_comparison
     from tfdist.bench.engine_compare import TITLE, compare_engines
+    from tfdist.bench.peak import QUICK_SIZE
     from tfdist.bench.workloads import Workload
 
     args = engine_parser().parse_args(argv)
@@ -249,7 +258,9 @@ def run_engine_command(argv):
     report = compare_engines(workload, args.batch if not args.quick else 8,
                              strategy=args.strategy, devices=args.devices,
                              same_xla=args.same_xla, rounds=rounds, steps=steps,
-                             warmup_steps=warmup, log=print, profile_dir=args.profile)
+                             warmup_steps=warmup, log=print, profile_dir=args.profile,
+                             input_share=not args.no_input_share,
+                             peak_size=QUICK_SIZE if args.quick else None)
     print(format_comparison(report, TITLE))
     if args.json_out:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)

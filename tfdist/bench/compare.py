@@ -77,6 +77,7 @@ class PipelineProbe:
     """
 
     policy = "float32"
+    inputs = ("pipeline",)
     num_replicas = 1
     flops_per_example = None
     strategy_name = "none"
@@ -199,12 +200,12 @@ def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
     return contenders, alias, unsupported
 
 
-def _warm_up(contenders, entrants, steps, unsupported, log):
+def _warm_up(contenders, entrants, steps, unsupported, log, inputs=("pipeline",)):
     optional = {e.name for e in entrants if e.optional}
     for name in list(contenders) if steps else ():
         start = time.perf_counter()
         try:
-            contenders[name].warm_up(steps)
+            contenders[name].warm_up(steps, inputs)
         except Exception as error:  # noqa: BLE001 - reported, not hidden
             if name not in optional:
                 raise
@@ -215,9 +216,33 @@ def _warm_up(contenders, entrants, steps, unsupported, log):
         log(f"  warm-up {name}: {time.perf_counter() - start:.0f} s")
 
 
+REFERENCE_PEAKS = ("float32", "mixed_bfloat16")
+"""Precisions whose matmul peak a comparison measures even when no contender
+runs in them, so that the fastest peak of the machine is known (bfloat16 is
+often twice float32 on a recent CPU); each takes about a second."""
+
+
+def _measure_peaks(policies, reference, size, peaks, errors, log):
+    from tfdist.bench.peak import measure_matmul_peak
+
+    for policy in policies:
+        if policy in errors:
+            continue
+        try:
+            flops = measure_matmul_peak(policy, size=size)["flops_per_sec"]
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            if policy not in reference:
+                raise
+            errors[policy] = f"{type(error).__name__}: {error}"
+            log(f"  matmul peak {policy}: not measured here ({errors[policy][:200]})")
+            continue
+        peaks[policy] = max(peaks.get(policy, 0.0), flops)
+
+
 def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds=5, steps=4,
                    warmup_steps=2, seed=0, measure_peaks=True, pipeline_probe=False,
-                   peak_size=None, profile_dir=None, log=None):
+                   peak_size=None, profile_dir=None, input_share=False,
+                   reference_peaks=REFERENCE_PEAKS, log=None):
     """Builds the entrants, runs them in alternating rounds and reports.
 
     Args:
@@ -230,14 +255,25 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
         steps: measured steps per contender and round.
         warmup_steps: unmeasured steps per contender before the rounds.
         seed: weights and data order (the same for every contender).
-        measure_peaks: measure the matmul peak of each precision in use,
-            before and after the rounds (the best counts), for MFU.
+        measure_peaks: measure the matmul peak of each precision in use
+            and of `reference_peaks`, before and after the rounds (the best
+            counts), for MFU against the contender's own precision and
+            against the fastest peak of the run.
         pipeline_probe: also alternate the input pipeline alone
             (`PipelineProbe`), for the input-bound check.
         peak_size: side of the peak matmul (None: `peak.DEFAULT_SIZE`).
         profile_dir: after the rounds, profile 2 steps of each contender
             into `profile_dir/<name>` and add where the time goes
-            (`tfdist.bench.profile`) to the report as `profiles`.
+            (`tfdist.bench.profile`) to the report as `profiles`; with
+            `input_share`, the profiled steps train on the batch replayed
+            from memory (no input wait in the op times), and each
+            contender gets `step_shares` (`figures.step_time_shares`).
+        input_share: also run every contender on one batch replayed from
+            memory, in the same alternating rounds, for its input-wait share
+            (`input_wait_share`, `compute_step_time_ms`).
+        reference_peaks: precisions whose peak is measured even when no
+            contender uses them (a failure there is reported in
+            `peak_errors`, not raised).
         log: called with progress lines, or None.
 
     Returns:
@@ -245,8 +281,12 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
         `steps`, `contenders` ({name: figures}), `comparisons` (label,
         numerator, denominator, their examples/s, `ratio`, `low`, `high`,
         `rounds`; or `error` when one side is unsupported), `unsupported`,
-        `peaks` ({precision: FLOP/s}), `load` (see `LoadMonitor`) and, with
-        the probe, `input_pipeline`.
+        `peaks` ({precision: FLOP/s}), `fastest_peak` ({precision,
+        flops_per_sec}; each contender with model FLOPs then has
+        `mfu_vs_fastest_peak`, `fastest_peak_precision` and
+        `fastest_peak_flops_per_sec`), `peak_errors`, `load` (see
+        `LoadMonitor`), with the probe `input_pipeline`, and with a
+        profile `profiles` and `profile_input`.
 
     Example:
 
@@ -255,7 +295,7 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
     >>> report["comparisons"][0]["ratio"]
     0.53
     """
-    from tfdist.bench.peak import DEFAULT_SIZE, measure_matmul_peak
+    from tfdist.bench.peak import DEFAULT_SIZE
 
     names = [e.name for e in entrants]
     if len(set(names)) != len(names):
@@ -267,44 +307,57 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
     monitor = LoadMonitor().start()
     contenders, alias, unsupported = build_entrants(entrants, workload, global_batch_size,
                                                     seed=seed, log=log)
-    _warm_up(contenders, entrants, warmup_steps, unsupported, log)
+    inputs = ("pipeline", "memory") if input_share else ("pipeline",)
+    _warm_up(contenders, entrants, warmup_steps, unsupported, log, inputs)
     if pipeline_probe:
         contenders[PIPELINE] = PipelineProbe(workload, global_batch_size, seed=seed)
         contenders[PIPELINE].warm_up()
     size = peak_size or DEFAULT_SIZE
-    peaks = {}
-    policies = sorted({c.policy for n, c in contenders.items() if n != PIPELINE})
+    peaks, peak_errors = {}, {}
+    in_use = {c.policy for n, c in contenders.items() if n != PIPELINE}
+    reference = set(reference_peaks) - in_use
+    policies = sorted(in_use | reference)
     if measure_peaks:
-        for policy in policies:
-            peaks[policy] = measure_matmul_peak(policy, size=size)["flops_per_sec"]
-    results = run_rounds(contenders, rounds, steps, warmup_steps=0, log=log)
+        _measure_peaks(policies, reference, size, peaks, peak_errors, log)
+    results = run_rounds(contenders, rounds, steps, inputs=inputs, warmup_steps=0, log=log)
     if measure_peaks:
-        for policy in policies:
-            peaks[policy] = max(peaks[policy],
-                                measure_matmul_peak(policy, size=size)["flops_per_sec"])
+        _measure_peaks(policies, reference, size, peaks, peak_errors, log)
     summaries = {}
     for name, contender in contenders.items():
         if name == PIPELINE:
             continue
         summaries[name] = summarise(contender, results[name], peaks.get(contender.policy))
         summaries[name]["strategy"] = contender.strategy_name
+        if peaks and summaries[name].get("model_flops_per_sec") is not None:
+            summaries[name].update(
+                fig.mfu_vs_fastest_peak(summaries[name]["model_flops_per_sec"], peaks))
     profiles = {}
+    profile_input = "memory" if input_share else "pipeline"
     if profile_dir:
         from tfdist.bench.profile import capture_profile, summarise_profile
 
         for name, contender in contenders.items():
             if name != PIPELINE:
                 folder = os.path.join(profile_dir, name.replace(" ", "_"))
-                profiles[name] = summarise_profile(capture_profile(contender, folder))
+                profiles[name] = summarise_profile(capture_profile(contender, folder,
+                                                                   input=profile_input))
+                wait = summaries[name].get("input_wait_share")
+                if wait is not None and profiles[name]["total"] > 0:
+                    summaries[name]["step_shares"] = fig.step_time_shares(
+                        {kind: v["share"] for kind, v in profiles[name]["kinds"].items()}, wait)
     report = {"workload": dataclasses.asdict(workload), "workload_label": workload.label,
               "global_batch_size": global_batch_size, "rounds": rounds, "steps": steps,
               "contenders": summaries, "unsupported": unsupported,
-              "peaks": peaks, "peak_matmul_size": size}
+              "peaks": peaks, "peak_matmul_size": size, "peak_errors": peak_errors}
+    if peaks:
+        precision, flops = fig.fastest_peak(peaks)
+        report["fastest_peak"] = {"precision": precision, "flops_per_sec": flops}
     report["comparisons"] = [
         _comparison(label, alias.get(a, a), alias.get(b, b), results, summaries, unsupported)
         for label, a, b in comparisons]
     if profiles:
         report["profiles"] = profiles
+        report["profile_input"] = profile_input
     if pipeline_probe:
         report["input_pipeline"] = input_check(results[PIPELINE], summaries, alias,
                                                entrants[0].name)
@@ -352,6 +405,52 @@ def input_check(pipeline_rounds, summaries, alias, training_name):
             "warning": fig.input_bound_advice(headroom)}
 
 
+def _pct(share):
+    return f"{100 * share:.0f}%"
+
+
+def gap_line(name, figures):
+    """One line of how far a contender is from the hardware limit.
+
+    MFU against the same-run matmul peak of its own precision and against
+    the fastest peak of the run (named), then the shares of its step time:
+    input wait (`data`) and the compute split by op kind (`step_shares`),
+    or only the wait when the compute was not profiled.
+
+    Args:
+        name: the contender's name.
+        figures: its figures in a `run_comparison` report (`mfu`,
+            `precision`, `mfu_vs_fastest_peak`, `fastest_peak_precision`,
+            `fastest_peak_flops_per_sec`, `input_wait_share`, `step_shares`;
+            any may be missing).
+
+    Example:
+
+    >>> gap_line("tfdist fp32", {"precision": "float32", "mfu": 0.1,
+    ...     "mfu_vs_fastest_peak": 0.05, "fastest_peak_precision": "mixed_bfloat16",
+    ...     "fastest_peak_flops_per_sec": 4.1e11, "input_wait_share": 0.25,
+    ...     "step_shares": {"data": 0.25, "matmul": 0.375, "softmax/loss": 0.1875,
+    ...                     "elementwise": 0.1875}})
+    '  tfdist fp32              MFU 10.0% vs float32 peak, 5.0% vs fastest peak \
+(mixed_bfloat16 410.0 GFLOP/s) | step: data 25%, matmul 38%, softmax/loss 19%, elementwise 19%'
+    """
+    parts = []
+    if "mfu" in figures:
+        parts.append(f"MFU {100 * figures['mfu']:.1f}% vs {figures['precision']} peak")
+    if "mfu_vs_fastest_peak" in figures:
+        parts.append(f"{100 * figures['mfu_vs_fastest_peak']:.1f}% vs fastest peak "
+                     f"({figures['fastest_peak_precision']} "
+                     f"{figures['fastest_peak_flops_per_sec'] / 1e9:.1f} GFLOP/s)")
+    line = f"  {name:<24} " + (", ".join(parts) if parts else "MFU not measured")
+    shares = figures.get("step_shares")
+    if shares:
+        line += " | step: " + ", ".join(f"{part} {_pct(shares[part])}" for part in fig.STEP_SHARES)
+    elif figures.get("input_wait_share") is not None:
+        wait = figures["input_wait_share"]
+        line += f" | step: data {_pct(wait)}, compute {_pct(1 - wait)} (not profiled)"
+    return line
+
+
 def format_comparison(report, title):
     """Human-readable lines of a `run_comparison` report.
 
@@ -394,6 +493,13 @@ def format_comparison(report, title):
 
         lines.append("  where the time goes (self time of ops on the compute threads):")
         lines += [format_profile(name, summary) for name, summary in report["profiles"].items()]
+    if report.get("fastest_peak") or any("input_wait_share" in s
+                                         for s in report["contenders"].values()):
+        split = (f"; compute split by the op kinds of the profile (input: "
+                 f"{report['profile_input']})" if report.get("profiles") else "")
+        lines.append("  gap to the hardware limit (MFU vs the same-run matmul peak of its own "
+                     f"precision and of the fastest one; shares of the step time{split}):")
+        lines += [gap_line(name, s) for name, s in report["contenders"].items()]
     load = report.get("load") or {}
     if load:
         lines.append(f"  machine load: other processes used {100 * load['others_share']:.0f}% of "

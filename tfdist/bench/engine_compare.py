@@ -15,7 +15,7 @@ Example:
     print(format_comparison(report, "tfdist engine vs Keras fit"))
 """
 
-from tfdist.bench.compare import Entrant, run_comparison
+from tfdist.bench.compare import REFERENCE_PEAKS, Entrant, run_comparison
 from tfdist.bench.engines import Setting
 
 TITLE = "tfdist engine vs Keras fit"
@@ -64,15 +64,18 @@ def engine_entrants(strategy="default", devices=None, same_xla=("off", "on")):
 
 def compare_engines(workload, global_batch_size, *, strategy="default", devices=None,
                     same_xla=("off", "on"), rounds=6, steps=3, warmup_steps=2, seed=0,
-                    measure_peaks=True, profile_dir=None, log=None):
+                    measure_peaks=True, profile_dir=None, input_share=True, peak_size=None,
+                    reference_peaks=REFERENCE_PEAKS, log=None):
     """Runs the engine benchmark; returns a `run_comparison` report.
 
     Args:
         workload: a `tfdist.bench.workloads.Workload`.
         global_batch_size: examples per step.
         strategy, devices, same_xla: see `engine_entrants`.
-        rounds, steps, warmup_steps, seed, measure_peaks, profile_dir, log:
-            see `tfdist.bench.compare.run_comparison`.
+        rounds, steps, warmup_steps, seed, measure_peaks, profile_dir, input_share,
+            peak_size, reference_peaks, log: see
+            `tfdist.bench.compare.run_comparison` (here the input-wait share
+            is measured by default).
 
     Example:
 
@@ -83,4 +86,6 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
     entrants, comparisons = engine_entrants(strategy, devices, same_xla)
     return run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
                           steps=steps, warmup_steps=warmup_steps, seed=seed,
-                          measure_peaks=measure_peaks, profile_dir=profile_dir, log=log)
+                          measure_peaks=measure_peaks, profile_dir=profile_dir,
+                          input_share=input_share, peak_size=peak_size,
+                          reference_peaks=reference_peaks, log=log)

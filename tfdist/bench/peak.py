@@ -14,6 +14,9 @@ DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "
 """Precision policy (or dtype) name -> the dtype the peak matmul runs in."""
 
 DEFAULT_SIZE = 2048
+QUICK_SIZE = 512
+"""Side of the peak matmuls of `tfdist bench --quick` runs (for tests: well
+under a second each, where 2048 takes over a second)."""
 
 
 def compute_dtype(precision):

@@ -168,7 +168,7 @@ def find_xspace(log_dir):
     return paths[-1]
 
 
-def capture_profile(contender, log_dir, steps=2, warmup_steps=1):
+def capture_profile(contender, log_dir, steps=2, warmup_steps=1, input="pipeline"):
     """Profiles `steps` training steps of a warmed-up contender.
 
     Args:
@@ -176,6 +176,9 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1):
         log_dir: the TensorBoard log folder to write the profile under.
         steps: profiled steps, >= 1.
         warmup_steps: steps before the window (iterator start-up).
+        input: "pipeline" (the real input pipeline; waiting for it shows as
+            iterator ops) or "memory" (one batch replayed from memory: the
+            compute alone), see `Contender.run`.
 
     Returns:
         The path of the `.xplane.pb` file.
@@ -188,7 +191,7 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1):
     from tfdist.callbacks import ProfilerWindow
 
     window = ProfilerWindow(log_dir, start_step=warmup_steps, stop_step=warmup_steps + steps)
-    contender.run(steps, warmup_steps=warmup_steps, callbacks=[window])
+    contender.run(steps, input=input, warmup_steps=warmup_steps, callbacks=[window])
     return find_xspace(log_dir)
 
 

@@ -148,8 +148,60 @@ CONTENDER_HEADER = ["Setting", "Precision", "XLA", "Throughput (examples/s)", "T
                     "Step p50 / p90 / p99 (ms)", "Model GFLOP/s", "Matmul peak (GFLOP/s)", "MFU"]
 
 
+STEP_SHARE_HEADER = ["Input wait", "Matmul", "Softmax/loss", "Elementwise"]
+"""Columns of the step-time shares (`figures.STEP_SHARES`, in that order)."""
+
+
+def fastest_peak_header(report):
+    """The title of the MFU-vs-fastest-peak column: names that peak.
+
+    Args:
+        report: a `tfdist.bench.compare.run_comparison` report.
+
+    Example:
+
+    >>> fastest_peak_header({"fastest_peak": {"precision": "mixed_bfloat16",
+    ...                                       "flops_per_sec": 4.11e11}})
+    'MFU vs fastest peak (mixed_bfloat16 411.0 GFLOP/s)'
+    """
+    fastest = report.get("fastest_peak")
+    if not fastest:
+        return "MFU vs fastest peak (not measured)"
+    return (f"MFU vs fastest peak ({fastest['precision']} "
+            f"{fastest['flops_per_sec'] / 1e9:.1f} GFLOP/s)")
+
+
+def step_share_cells(figures):
+    """The step-time share cells of one contender (`STEP_SHARE_HEADER`).
+
+    With `step_shares` (input wait and the profiled compute split) every
+    cell; with only `input_wait_share` the wait and "not profiled"; else "-".
+
+    Args:
+        figures: a contender's figures in a `run_comparison` report.
+
+    Example:
+
+    >>> step_share_cells({"input_wait_share": 0.05})
+    ['5%', 'not profiled', 'not profiled', 'not profiled']
+    """
+    from tfdist.bench.figures import STEP_SHARES
+
+    shares = figures.get("step_shares")
+    if shares:
+        return [_num(shares[part], 0, percent=True) for part in STEP_SHARES]
+    wait = figures.get("input_wait_share")
+    if wait is not None:
+        return [_num(wait, 0, percent=True)] + ["not profiled"] * (len(STEP_SHARES) - 1)
+    return ["-"] * len(STEP_SHARES)
+
+
 def contender_table(report):
     """The Markdown table of every contender of a comparison report.
+
+    After the columns of `CONTENDER_HEADER`: MFU against the fastest
+    same-run peak (named in the title, see `fastest_peak_header`) and the
+    shares of the step time (`STEP_SHARE_HEADER`, see `step_share_cells`).
 
     Args:
         report: a `tfdist.bench.compare.run_comparison` report.
@@ -159,6 +211,7 @@ def contender_table(report):
     >>> print(contender_table(report).splitlines()[0])
     | Setting | Precision | XLA | Throughput (examples/s) | ...
     """
+    header = CONTENDER_HEADER + [fastest_peak_header(report)] + STEP_SHARE_HEADER
     cells = []
     for name, s in report["contenders"].items():
         cells.append([
@@ -168,10 +221,21 @@ def contender_table(report):
             f"{s['step_time_p99_ms']:.0f}",
             _num(s.get("model_flops_per_sec", 0) / 1e9 if s.get("model_flops_per_sec") else None),
             _num(s.get("peak_flops_per_sec", 0) / 1e9 if s.get("peak_flops_per_sec") else None),
-            _num(s.get("mfu"), 1, percent=True)])
+            _num(s.get("mfu"), 1, percent=True), _num(s.get("mfu_vs_fastest_peak"), 1,
+                                                      percent=True)]
+            + step_share_cells(s))
     for name, error in report.get("unsupported", {}).items():
-        cells.append([name, "-", "-", "unsupported: " + error[:80], "-", "-", "-", "-", "-"])
-    return markdown_table(CONTENDER_HEADER, cells)
+        cells.append([name, "-", "-", "unsupported: " + error[:80]] + ["-"] * (len(header) - 4))
+    return markdown_table(header, cells)
+
+
+STEP_SHARE_NOTE = ("MFU is the model's FLOP/s over a large matmul's FLOP/s measured in the same "
+                   "run, in the setting's own precision and in the fastest precision measured "
+                   "(its gap to the hardware). Step shares: input wait is the extra step time "
+                   "of the real input pipeline over one batch replayed from memory; the rest "
+                   "(compute) is split by the op kinds' self time in a 2-step profile "
+                   "(elementwise: every op but matmuls and softmax/loss, copies and RNG "
+                   "included).")
 
 
 def ratio_table(report):
@@ -225,7 +289,7 @@ def render_markdown(result):
         lines += [f"## Settings: {report['workload_label']} (global batch "
                   f"{report['global_batch_size']}, {report['rounds']} alternating rounds x "
                   f"{report['steps']} steps)", "", ratio_table(report), "",
-                  contender_table(report), ""]
+                  contender_table(report), "", STEP_SHARE_NOTE, ""]
         check = report.get("input_pipeline")
         if check:
             lines.append(f"Input pipeline alone: {check['pipeline_examples_per_sec']:,.0f} "
@@ -237,7 +301,7 @@ def render_markdown(result):
     engine = result.get("engine")
     if engine:
         lines += [f"## tfdist engine vs Keras fit: {engine['workload_label']}", "",
-                  ratio_table(engine), "", contender_table(engine), ""]
+                  ratio_table(engine), "", contender_table(engine), "", STEP_SHARE_NOTE, ""]
     load = result.get("load") or {}
     if load:
         lines.append(f"Machine load during the run: other processes used "

@@ -52,6 +52,8 @@ class ReportOptions:
         rounds, steps: alternating rounds and steps of the comparison.
         sweep_rounds, sweep_steps: the same for every sweep point.
         sweep_repeats: runs of the whole sweep (each point keeps its median).
+        profile: profile 2 steps of each compared setting into
+            `out_dir/profiles/<model>/` for the step-time shares by op kind.
         sequence_length, vocab_size: of the Transformer's synthetic tokens.
         data: the Transformer's data, "synthetic" or "embedded".
         point_timeout: seconds per sweep point.
@@ -79,6 +81,7 @@ class ReportOptions:
     sweep_rounds: int = 2
     sweep_steps: int = 3
     sweep_repeats: int = 1
+    profile: bool = True
     sequence_length: int = None
     vocab_size: int = None
     data: str = None
@@ -172,7 +175,7 @@ def run_report(options, log=print):
     """
     from tfdist.bench import report as report_lib
     from tfdist.bench.compare import format_comparison
-    from tfdist.bench.peak import measure_matmul_peak
+    from tfdist.bench.peak import QUICK_SIZE, measure_matmul_peak
     from tfdist.bench.settings import TITLE, compare_settings
     from tfdist.bench.sweep import global_batch_for, run_sweep, sweep_points
 
@@ -198,7 +201,7 @@ def run_report(options, log=print):
                 repeats=options.sweep_repeats, log=log)
     if sweeps:
         peak_policy = sweeps_precision(sweeps, options.precision)
-        peak = measure_matmul_peak(peak_policy, size=512 if quick else 2048)
+        peak = measure_matmul_peak(peak_policy, size=QUICK_SIZE if quick else 2048)
         result["peaks"][peak_policy] = peak["flops_per_sec"]
         for model, points in sweeps.items():
             batch = options.batch_for(model)
@@ -215,7 +218,10 @@ def run_report(options, log=print):
             settings = compare_settings(
                 workload, options.batch_for(model), factors=options.factors,
                 rounds=1 if quick else options.rounds, steps=2 if quick else options.steps,
-                warmup_steps=1 if quick else 2, log=log)
+                warmup_steps=1 if quick else 2,
+                profile_dir=(os.path.join(options.out_dir, "profiles", model)
+                             if options.profile else None),
+                peak_size=QUICK_SIZE if quick else None, log=log)
             result["settings"][model] = settings
             log(format_comparison(settings, TITLE))
     result["load"] = monitor.stop()

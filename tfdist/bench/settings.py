@@ -3,7 +3,11 @@
 With tfdist's engine, float32 with XLA off is the baseline; against it:
 mixed_bfloat16 and mixed_float16 (XLA off, where this machine runs them),
 XLA on (float32), and Keras `fit` (float32, XLA off). Each precision's MFU
-is taken against a matmul peak measured in that precision in the same run.
+is taken against a matmul peak measured in that precision in the same run,
+and against the fastest peak of the run (float32 and mixed_bfloat16 are
+always measured); every contender also runs on one batch replayed from
+memory for its input-wait share and, with a profile folder, gets the
+shares of its step in input wait, matmul, softmax/loss and elementwise.
 
 Example:
 
@@ -11,7 +15,7 @@ Example:
     print(format_comparison(report, TITLE))
 """
 
-from tfdist.bench.compare import Entrant, run_comparison
+from tfdist.bench.compare import REFERENCE_PEAKS, Entrant, run_comparison
 from tfdist.bench.engines import Setting
 
 TITLE = "Settings"
@@ -60,14 +64,17 @@ def settings_entrants(factors=FACTORS, strategy="default"):
 
 
 def compare_settings(workload, global_batch_size, *, factors=FACTORS, strategy="default",
-                     rounds=3, steps=3, warmup_steps=2, seed=0, input_check=True, log=None):
+                     rounds=3, steps=3, warmup_steps=2, seed=0, input_check=True,
+                     input_share=True, profile_dir=None, peak_size=None,
+                     reference_peaks=REFERENCE_PEAKS, log=None):
     """Runs the settings comparison (and the input-bound check); returns the report.
 
     Args:
         workload: a `tfdist.bench.workloads.Workload`.
         global_batch_size: examples per step.
         factors, strategy: see `settings_entrants`.
-        rounds, steps, warmup_steps, seed, log: see `run_comparison`.
+        rounds, steps, warmup_steps, seed, input_share, profile_dir, peak_size,
+            reference_peaks, log: see `run_comparison`.
         input_check: alternate the input pipeline alone too, and compare its
             rate with the baseline's training rate.
 
@@ -80,4 +87,6 @@ def compare_settings(workload, global_batch_size, *, factors=FACTORS, strategy="
     entrants, comparisons = settings_entrants(factors, strategy)
     return run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
                           steps=steps, warmup_steps=warmup_steps, seed=seed,
-                          pipeline_probe=input_check, log=log)
+                          pipeline_probe=input_check, input_share=input_share,
+                          profile_dir=profile_dir, peak_size=peak_size,
+                          reference_peaks=reference_peaks, log=log)
