@@ -244,3 +244,35 @@ def test_the_trial_budget_stops_new_rounds():
     assert len(timings[0].step_times) == 1  # the first round always runs, no second
     assert any("budget is spent" in line for line in lines)
     assert math.isfinite(timings[0].first_loss)
+
+
+def test_tune_model_times_your_compiled_model_and_caches_the_decision(tmp_path):
+    from tfdist.autotune import tune_model
+
+    rng = np.random.default_rng(1)
+    dataset = tf.data.Dataset.from_tensor_slices((
+        rng.normal(size=(64, 8)).astype("float32"),
+        rng.integers(0, 3, size=(64,)).astype("int32"))).batch(32)
+    policies = []
+
+    def build_model():
+        policies.append(keras.mixed_precision.dtype_policy().name)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        return model
+
+    cache = str(tmp_path / "decisions.json")
+    lines = []
+    first = tune_model(build_model, dataset, global_batch_size=32, precision="float32",
+                       signature={"model": "dense-8-3"}, cache_path=cache, log=lines.append)
+    assert policies == ["float32", "float32"]  # XLA off and on
+    assert first.choice in (Candidate("float32", False), Candidate("float32", True))
+    assert first.trial_seconds > 0 and len(first.rows) == 2
+    again = tune_model(build_model, dataset, global_batch_size=32, precision="float32",
+                       signature={"model": "dense-8-3"}, cache_path=cache, log=lines.append)
+    assert len(policies) == 2  # nothing built: the cached decision
+    assert again.choice == first.choice and again.measured_at
+    assert "from the cache" in lines[-1]
+    with pytest.raises(ValueError, match="Unknown XLA mode 'fast'"):
+        tune_model(build_model, dataset, global_batch_size=32, xla="fast")

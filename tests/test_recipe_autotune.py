@@ -26,7 +26,8 @@ def _start_line(output, key):
 def trial_runs(tmp_path_factory):
     cache = tmp_path_factory.mktemp("autotune") / "decisions.json"
     env = {"TFDIST_CPU_FLAGS": AVX2_ONLY, "TFDIST_AUTOTUNE_CACHE": str(cache)}
-    measured = run_recipe("transformer", SHORT + ["--autotune", "refresh"], env=env, timeout=300)
+    measured = run_recipe("transformer", SHORT + ["--autotune", "refresh", "--autotune-budget", "1"],
+                          env=env, timeout=300)
     cached = run_recipe("transformer", SHORT, env=dict(env, TFDIST_AUTOTUNE="on"), timeout=300)
     return measured, cached, cache
 
@@ -38,6 +39,7 @@ def test_a_trial_times_each_setting_on_the_model_and_the_run_uses_the_fastest(tr
     assert "autotune: timing 2 settings" in out
     assert "float32, XLA off compiled and ran 2 steps" in out
     assert "float32, XLA on compiled and ran 2 steps" in out
+    assert "stopped after 1 round(s): the trial's 1 s budget is spent" in out
     rows = {line.split("  ")[1].strip(): line for line in out.splitlines()
             if line.startswith("  float32, XLA ")}
     assert set(rows) == {"float32, XLA off", "float32, XLA on"}

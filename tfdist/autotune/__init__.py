@@ -16,6 +16,9 @@ Example:
     timings = run_trial(grid, build, seed=42)
     decision = choose(timings, global_batch_size=64)
     print(format_decision(decision))
+
+    # or, for your own compiled model, cache included:
+    decision = tune_model(build_model, dataset, global_batch_size=64, signature={"model": "mine"})
 """
 
 from tfdist.autotune.cache import (CACHE_ENV, RUN_ONLY_OPTIONS, DecisionCache,
@@ -24,16 +27,17 @@ from tfdist.autotune.candidates import Candidate, candidate_grid, candidate_prec
 from tfdist.autotune.modes import AUTOTUNE_ENV, AUTOTUNE_MODES, default_autotune_mode
 from tfdist.autotune.decide import LOSS_RTOL, Decision, choose, format_decision, loss_agrees
 
-_TRIAL_NAMES = ("CandidateTiming", "TrialClock", "run_trial")
+_TRIAL_NAMES = {"CandidateTiming": "trial", "TrialClock": "trial", "run_trial": "trial",
+                "tune": "tune", "tune_model": "tune", "environment_signature": "tune"}
 
 
 def __getattr__(name):
-    # The trial needs Keras (and so TensorFlow); the rest does not, so that
+    # The trial and tuning need Keras (and so TensorFlow); the rest does not, so that
     # the recipes can validate `--autotune` without starting TensorFlow.
     if name in _TRIAL_NAMES:
-        from tfdist.autotune import trial
+        import importlib
 
-        return getattr(trial, name)
+        return getattr(importlib.import_module(f"tfdist.autotune.{_TRIAL_NAMES[name]}"), name)
     raise AttributeError(f"module 'tfdist.autotune' has no attribute {name!r}")
 
 
@@ -41,5 +45,6 @@ __all__ = [
     "AUTOTUNE_ENV", "AUTOTUNE_MODES", "CACHE_ENV", "Candidate", "CandidateTiming", "Decision",
     "DecisionCache", "LOSS_RTOL", "RUN_ONLY_OPTIONS", "TrialClock", "candidate_grid",
     "candidate_precisions", "choose", "default_autotune_mode", "default_cache_path", "format_decision",
-    "hardware_signature", "loss_agrees", "run_trial", "signature_key",
+    "environment_signature", "hardware_signature", "loss_agrees", "run_trial", "signature_key",
+    "tune", "tune_model",
 ]
