@@ -36,8 +36,8 @@ FORMAT_VERSION = 1
 RUN_ONLY_OPTIONS = frozenset({
     "epochs", "steps_per_epoch", "validation_steps", "model_dir", "log_every", "profile_steps",
     "backup_dir", "backup_every", "backup_keep", "divergence_factor", "seed", "verbose",
-    "tf_log_level", "skip_corrupt_records", "autotune", "autotune_cache", "learning_rate",
-    "warmup_steps", "schedule", "gpu_memory", "cluster_resolver",
+    "tf_log_level", "skip_corrupt_records", "autotune", "autotune_cache", "autotune_budget",
+    "learning_rate", "warmup_steps", "schedule", "gpu_memory", "cluster_resolver",
 })
 """Options that do not change how fast one training step runs: left out of
 the signature, so that a longer run or another output folder reuses the
