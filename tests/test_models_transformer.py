@@ -191,6 +191,42 @@ def test_loss_ignores_padding_like_numpy():
     assert abs(float(unmasked(targets, logits)) - expected_mean) > 1e-2
 
 
+def _loss_and_gradient(loss, targets, logits):
+    logits = tf.constant(logits)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        value = loss(targets, logits)
+    return float(value), tape.gradient(value, logits).numpy()
+
+
+def test_the_compiled_loss_agrees_with_keras_ignore_class_and_pads_get_no_gradient():
+    targets, logits = _batch_with_padding(6)
+    logits = (logits * 4).astype("float32")
+    keras_own = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)
+    expected, expected_grad = _loss_and_gradient(keras_own, targets, logits)
+    for jit_compile in (True, False):
+        loss = MaskedSparseCategoricalCrossentropy(jit_compile=jit_compile)
+        value, grad = _loss_and_gradient(loss, targets, logits)
+        np.testing.assert_allclose(value, expected, rtol=1e-6)
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-7)
+        assert not grad[targets == 0].any()  # exactly 0 at every pad target
+        assert grad[targets != 0].any()
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(
+        MaskedSparseCategoricalCrossentropy(jit_compile=False)))
+    assert restored.jit_compile is False
+
+
+def test_accuracy_counts_the_first_highest_score_like_keras():
+    targets, logits = _batch_with_padding(7)
+    logits[0, 0, :] = 1.0  # a tie: the first index wins, as in Keras
+    targets[0, 0] = 1  # a real token whose score ties with index 0: counted wrong
+    mine = MaskedAccuracy()
+    mine.update_state(targets, logits)
+    keras_own = keras.metrics.SparseCategoricalAccuracy()
+    keras_own.update_state(targets, logits, sample_weight=(targets != 0).astype("float32"))
+    assert float(mine.result()) == pytest.approx(float(keras_own.result()), abs=1e-7)
+
+
 def test_loss_with_sample_weight_and_all_pad_batch():
     targets, logits = _batch_with_padding(5)
     token_ce, mask = _numpy_masked_ce(targets, logits)

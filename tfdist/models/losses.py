@@ -12,7 +12,9 @@ add up exactly across replicas.
 import numbers
 
 import keras
+import tensorflow as tf
 from keras import ops
+from keras.src.backend.common.masking import set_keras_mask
 
 
 def _check_pad_id(pad_id):
@@ -31,6 +33,39 @@ def _token_weights(y_true, pad_id, sample_weight, dtype):
             sample_weight = ops.expand_dims(sample_weight, -1)
         weights = weights * sample_weight
     return weights
+
+
+def masked_token_losses(y_true, logits, pad_id):
+    """Per-token cross-entropy from logits, 0 at pad targets, and the mask of real tokens.
+
+    One fused TensorFlow kernel over the logits
+    (`tf.nn.sparse_softmax_cross_entropy_with_logits`); pad targets are
+    replaced by class 0 for it and their losses set to 0 afterwards, so the
+    logits themselves are never copied or masked (Keras's `ignore_class`
+    writes a masked copy of the whole `[batch, seq, vocab]` tensor first).
+    Gradients at pad targets are exactly 0.
+
+    Args:
+        y_true: int targets `[batch, seq]`.
+        logits: float logits `[batch, seq, vocab]`.
+        pad_id: the target id to ignore.
+
+    Returns:
+        `(losses, valid)`: float `[batch, seq]` and bool `[batch, seq]`.
+
+    Example:
+
+    >>> losses, valid = masked_token_losses(tf.constant([[3, 0]]), tf.zeros([1, 2, 4]), 0)
+    >>> [round(float(v), 4) for v in losses[0]], valid.numpy().tolist()
+    ([1.3863, 0.0], [[True, False]])
+    """
+    valid = tf.not_equal(y_true, pad_id)
+    labels = tf.where(valid, y_true, tf.zeros_like(y_true))
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.where(valid, losses, tf.zeros_like(losses)), valid
+
+
+_compiled_masked_token_losses = tf.function(masked_token_losses, jit_compile=True)
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -59,6 +94,18 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
     `sum_r loss_sum_r / sum_r count_r`. (Keras 3 optimizers sum gradients
     across replicas in `apply`: `keras/src/backend/tensorflow/optimizer.py`.)
 
+    Speed: from logits, the per-token losses come from `masked_token_losses`
+    (one fused kernel, no masked copy of the logits), by default compiled
+    with XLA on its own (`jit_compile=True`), so that the softmax, the
+    cross-entropy, the masking and their gradient run as a few fused loops
+    over the `[batch, seq, vocab]` logits even when the rest of the step is
+    not compiled (bfloat16 on CPUs, where TensorFlow's own matmul kernels
+    beat XLA's). Over an 8,000-token vocabulary that takes the loss's
+    forward and backward from 119 to 59 ms for 4,096 tokens (README,
+    Performance); values agree with the uncompiled kernel to float32
+    rounding (tested to 1e-6 relative, gradients to 1e-5). A batch of a new
+    shape compiles once more; `jit_compile=False` keeps the plain kernel.
+
     Args:
         pad_id: target id to ignore. Defaults to 0.
         from_logits: whether `y_pred` holds logits (True, the default, for
@@ -67,6 +114,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
         name: name of the loss.
         dtype: dtype of the loss computation; defaults to `keras.backend.floatx()`
             (float32), also under a mixed-precision policy.
+        jit_compile: compile the per-token loss with XLA (see Speed).
 
     Example:
 
@@ -78,11 +126,30 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
     """
 
     def __init__(self, pad_id=0, from_logits=True, reduction="sum_over_batch_size",
-                 name="masked_sparse_categorical_crossentropy", dtype=None):
+                 name="masked_sparse_categorical_crossentropy", dtype=None, jit_compile=True):
         pad_id = _check_pad_id(pad_id)
         super().__init__(from_logits=from_logits, ignore_class=pad_id,
                          reduction=reduction, name=name, dtype=dtype)
         self.pad_id = pad_id
+        self.jit_compile = bool(jit_compile)
+
+    def call(self, y_true, y_pred):
+        """Per-token losses `[batch, seq]` (0 at pads, with a Keras mask of real tokens).
+
+        Example:
+
+        >>> MaskedSparseCategoricalCrossentropy().call(np.array([[3, 0]]), np.zeros((1, 2, 4)))
+        """
+        if not self.from_logits:
+            return super().call(y_true, y_pred)
+        y_pred = tf.convert_to_tensor(y_pred)
+        y_true = tf.cast(tf.convert_to_tensor(y_true), tf.int32)
+        if y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] == 1:
+            y_true = tf.squeeze(y_true, -1)
+        compute = _compiled_masked_token_losses if self.jit_compile else masked_token_losses
+        losses, valid = compute(y_true, y_pred, self.pad_id)
+        set_keras_mask(losses, valid)
+        return losses
 
     def per_token(self, y_true, y_pred):
         """Per-token losses `[batch, seq]`, zeros at pad targets.
@@ -150,7 +217,8 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
 
     def get_config(self):
         config = keras.losses.Loss.get_config(self)
-        config.update({"pad_id": self.pad_id, "from_logits": self.from_logits})
+        config.update({"pad_id": self.pad_id, "from_logits": self.from_logits,
+                       "jit_compile": self.jit_compile})
         return config
 
 
@@ -204,7 +272,10 @@ class MaskedAccuracy(keras.metrics.Metric):
         y_true = ops.cast(ops.convert_to_tensor(y_true), "int32")
         if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == 1:
             y_true = ops.squeeze(y_true, -1)
-        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        # tf.argmax, not keras.ops.argmax: Keras first rewrites -0.0 in a
+        # float32 copy of all the scores (four passes over [batch, seq, vocab],
+        # 3x the time of the argmax itself); for accuracy -0.0 == 0.0 is fine.
+        predicted = tf.argmax(y_pred, axis=-1, output_type=tf.int32)
         weights = _token_weights(y_true, self.pad_id, sample_weight, self.dtype)
         matches = ops.cast(ops.equal(predicted, y_true), self.dtype)
         self.correct.assign_add(ops.sum(matches * weights))
