@@ -13,12 +13,11 @@ point processes inherit the level.
 """
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 from tfdist.argtypes import int_at_least
+from tfdist.bench.report import write_json
 from tfdist.bench.workloads import MODELS
 from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 
@@ -263,9 +262,7 @@ def run_engine_command(argv):
                              peak_size=QUICK_SIZE if args.quick else None)
     print(format_comparison(report, TITLE))
     if args.json_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-        with open(args.json_out, "w") as stream:
-            json.dump(report, stream, indent=1, sort_keys=True, default=str)
+        write_json(args.json_out, report)
         print(f"Wrote {args.json_out}")
     return 0
 

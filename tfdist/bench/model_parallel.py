@@ -31,7 +31,6 @@ Example:
 """
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -40,6 +39,8 @@ import statistics
 import sys
 import tempfile
 import time
+
+from tfdist.bench.report import write_json
 
 COLUMNS = ("setting", "K", "M", "step ms", "examples/s", "tokens/s", "vs K=1",
            "bubble GPipe", "bubble measured", "overlap")
@@ -397,9 +398,7 @@ def main(argv=None):
     report = run_model_parallel_bench(**options, log=print)
     print(format_report(report))
     if args.json_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-        with open(args.json_out, "w") as stream:
-            json.dump(report, stream, indent=1, sort_keys=True, default=str)
+        write_json(args.json_out, report)
         print(f"Wrote {args.json_out}")
     return 0
 

@@ -21,7 +21,6 @@ Example:
 """
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -30,6 +29,7 @@ import sys
 import time
 
 from tfdist.argtypes import int_at_least
+from tfdist.bench.report import write_json
 
 MODES = ("all-reduce", "parameter-server")
 _THROUGHPUT = re.compile(r"Throughput: ([\d.]+)([kM]?) examples/s")
@@ -176,8 +176,6 @@ def main(argv=None):
     report = measure(args)
     print(format_report(report))
     if args.json_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-        with open(args.json_out, "w") as stream:
-            json.dump(report, stream, indent=1, sort_keys=True)
+        write_json(args.json_out, report)
         print(f"Wrote {args.json_out}")
     return 0

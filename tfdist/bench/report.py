@@ -309,6 +309,22 @@ def render_markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def write_json(path, data):
+    """Writes `data` as indented JSON to `path` (its folder created); returns `path`.
+
+    Values JSON cannot hold (e.g. numpy numbers) are written as their text.
+
+    Example:
+
+    >>> write_json("/tmp/bench/engine.json", {"ratio": 1.02})
+    '/tmp/bench/engine.json'
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as stream:
+        json.dump(data, stream, indent=1, sort_keys=True, default=str)
+    return path
+
+
 def write_report(result, out_dir, log=None):
     """Writes `report.md`, `results.json` and `scaling.png` (when there is a
     sweep and matplotlib is installed) into `out_dir`; returns the paths written.
@@ -332,10 +348,7 @@ def write_report(result, out_dir, log=None):
     with open(path, "w") as stream:
         stream.write(render_markdown(result))
     paths.append(path)
-    path = os.path.join(out_dir, "results.json")
-    with open(path, "w") as stream:
-        json.dump(result, stream, indent=1, sort_keys=True, default=str)
-    paths.append(path)
+    paths.append(write_json(os.path.join(out_dir, "results.json"), result))
     if result.get("scaling"):
         if matplotlib_available():
             from tfdist.bench.plot import plot_scaling
