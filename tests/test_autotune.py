@@ -85,7 +85,7 @@ def test_the_fastest_setting_whose_loss_agrees_with_float32_is_chosen():
 
 
 @pytest.mark.parametrize("bad, note", [
-    (dict(first_loss=9.5), "more than 2% apart"),
+    (dict(first_loss=9.5), "more than 5% apart"),
     (dict(first_loss=9.0, finite=False), "loss not finite"),
     (dict(first_loss=None, error="InternalError: no kernel"), "could not run"),
 ])
@@ -106,7 +106,7 @@ def test_no_eligible_setting_means_no_choice():
 
 
 def test_loss_agreement_tolerance():
-    assert loss_agrees(9.0 * 1.019, 9.0) and not loss_agrees(9.0 * 1.021, 9.0)
+    assert loss_agrees(9.0 * 1.049, 9.0) and not loss_agrees(9.0 * 1.051, 9.0)
     assert loss_agrees(123.0, None)
 
 
@@ -219,7 +219,7 @@ def test_a_real_trial_times_every_setting_from_the_same_weights_and_restores_the
     assert [len(t.step_times) for t in timings] == [4, 4, 4]  # 2 rounds x 2 steps
     assert all(t.finite and t.error is None for t in timings)
     assert timings[1].first_loss == pytest.approx(timings[0].first_loss, rel=1e-5)
-    assert timings[2].first_loss == pytest.approx(timings[0].first_loss, rel=2e-2)
+    assert timings[2].first_loss == pytest.approx(timings[0].first_loss, rel=5e-2)
     assert timings[0].first_loss != timings[2].first_loss  # bf16 really ran in bf16
     decision = choose(timings, 32)
     assert decision.choice in grid and all(row["eligible"] for row in decision.rows)

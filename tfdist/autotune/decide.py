@@ -1,7 +1,8 @@
 """Choosing from a trial: the fastest setting whose loss agrees with float32.
 
-A half-precision setting is eligible only if its first-step loss (a
-forward pass from the same initial weights on the same batch) is within
+A half-precision setting is eligible only if its first loss (its own
+evaluation step on the same batch from the same initial weights, in
+inference mode) is within
 `LOSS_RTOL` of float32's and every loss it logged was finite; float32 with
 XLA must agree the same way with float32 without. Among the eligible, the
 highest median throughput wins.
@@ -15,11 +16,13 @@ Example:
 
 import dataclasses
 
-LOSS_RTOL = 0.02
-"""Largest relative difference of the first-step loss from float32's that
+LOSS_RTOL = 0.05
+"""Largest relative difference of the first loss from float32's that
 counts as agreeing. bfloat16 keeps 8 bits of mantissa (about 0.4% per
-rounding); a model whose loss moves more than 2% from it computes something
-else in that precision."""
+rounding), and the errors add up over the layers: on an untrained ResNet in
+inference mode bfloat16's loss was 1.6% from float32's, on the Transformers
+under 0.01%. A setting 5% off computes something else (float16 overflowing,
+a kernel without the precision it needs)."""
 LOSS_ATOL = 1e-3
 
 

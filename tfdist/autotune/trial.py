@@ -6,8 +6,10 @@ and fed the same batch replayed from memory (so input work does not blur
 the comparison). The first steps (tracing, XLA compilation) are timed apart
 as compile time; then every candidate runs `steps` steps in turn, for
 `rounds` rounds, the order reversed every other round, as the machine's
-speed drifts. The first step's loss (a forward pass from the shared initial
-weights) is kept to check that each setting computes what float32 does.
+speed drifts. Before training, each candidate's own evaluation step computes
+the loss of the batch from the shared initial weights (inference mode: no
+dropout, whose random draws differ under XLA), to check that each setting
+computes what float32 does.
 
 Example:
 
@@ -77,8 +79,8 @@ class CandidateTiming:
         compile_seconds: wall time of the first (unmeasured) steps: tracing,
             XLA compilation and the first run.
         step_times: measured step times in seconds, pooled over rounds.
-        first_loss: the loss of the first step (from the shared initial
-            weights), or None.
+        first_loss: the candidate's evaluation loss of the batch from the
+            shared initial weights (inference mode), or None.
         finite: whether every logged loss was finite.
         error: why the candidate could not run (it is then left out), or None.
 
@@ -113,9 +115,7 @@ class CandidateTiming:
 
 
 def _record_losses(timing, losses):
-    if losses and timing.first_loss is None:
-        timing.first_loss = losses[0]
-    if any(not math.isfinite(loss) for loss in losses):
+    if any(not math.isfinite(loss) for loss in [timing.first_loss, *losses]):
         timing.finite = False
 
 
@@ -194,6 +194,12 @@ def run_trial(candidates, build, *, seed, rounds=3, steps=3, warmup_steps=2, max
             begin = time.perf_counter()
             try:
                 trainer, dataset = build(timing.candidate)
+                # The agreement check: the candidate's own evaluation step on the
+                # batch, from the shared initial weights, in inference mode (no
+                # dropout, batch norm on its initial statistics), so that only
+                # the arithmetic differs between candidates.
+                logs = trainer.evaluate(dataset, steps=1, verbose=0, return_dict=True)
+                timing.first_loss = float(logs["loss"])
                 clock = TrialClock()
                 trainer.fit(dataset, epochs=1, steps_per_epoch=warmup_steps, callbacks=[clock],
                             verbose=0)

@@ -21,7 +21,7 @@ from tfdist.bench.report import write_json
 from tfdist.bench.workloads import MODELS
 from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 
-SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel")
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune")
 
 
 def _csv(allowed, name):
@@ -268,7 +268,8 @@ def run_engine_command(argv):
 
 
 def main(argv=None):
-    """Dispatches `tfdist bench [report|engine|point] ARGS`; returns the exit code.
+    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|autotune]
+    ARGS`; returns the exit code.
 
     TensorFlow is imported quietly (`tfdist.tf_logging.import_tensorflow`)
     as soon as the flags are read, before any work; `--tf-log-level N`
@@ -276,7 +277,7 @@ def main(argv=None):
 
     Args:
         argv: the arguments after `bench` (default `sys.argv[1:]`); a first
-            argument `report`, `engine` or `point` picks the sub-command,
+            argument naming a sub-command (`SUBCOMMANDS`) picks it,
             anything else means `report`. Bad values exit 2 with a message.
 
     Example:
@@ -304,6 +305,9 @@ def main(argv=None):
         if command == "parameter-server":
             from tfdist.bench.parameter_server import main as parameter_server_main
             return parameter_server_main(argv)
+        if command == "autotune":
+            from tfdist.bench.autotune_check import main as autotune_main
+            return autotune_main(argv)
         if command == "model-parallel":
             from tfdist.bench.model_parallel import main as model_parallel_main
             return model_parallel_main(argv)

@@ -76,8 +76,10 @@ def _trial_builder(recipe, config, strategy, data, total_steps):
     from tfdist.training import Trainer
 
     def build(candidate):
+        # Deterministic: every candidate gets the very same batch, so that
+        # their first losses differ only by their arithmetic.
         dataset_fn = make_dataset_fn(data.train, config.global_batch_size, training=True,
-                                     seed=config.seed)
+                                     seed=config.seed, deterministic=True)
         dataset = strategy.distribute_datasets_from_function(
             lambda context: dataset_fn(context).take(1).cache().repeat())
         with strategy.scope():

@@ -1,0 +1,232 @@
+"""`tfdist bench autotune`: is autotune's pick the fastest setting?
+
+For each workload, autotune's trial runs as a recipe would run it (the
+candidate grid of this machine, no cache), and then every candidate is
+measured again, independently, in the settings comparison's alternating
+rounds (`run_comparison`). The figure that matters is the pick's
+throughput over the fastest candidate's in that second measurement: 1.00
+when the pick was the fastest, 0.95 when it was 5% slower.
+
+Example:
+
+    report = check_autotune(Workload("transformer", size="tiny"), 32)
+    report["pick_vs_fastest"]      # e.g. 0.98
+    print(format_check([report]))
+"""
+
+import argparse
+import sys
+
+from tfdist.bench.report import write_json
+
+QUICK = dict(rounds=1, steps=2, trial_seconds=1.0)
+DEFAULT_BATCHES = {"transformer": 32, "cnn": 64}
+
+
+def _grid(workload, global_batch_size):
+    from tfdist.autotune import candidate_grid
+    from tfdist.devices import gpu_count
+    from tfdist.precision import cpu_flags
+
+    on_gpu = gpu_count() > 0
+    capabilities = []
+    if on_gpu:
+        from tfdist.autotune.tune import environment_signature
+
+        capabilities = [tuple(c) for _, c in environment_signature()["hardware"]["gpus"]]
+    config = workload.recipe_config(global_batch_size)
+    recipe = workload.recipe_module().RECIPE
+    blocker = recipe.xla_blocker(config) if recipe.xla_blocker else None
+    return candidate_grid("auto", "auto", on_gpu=on_gpu, gpu_capabilities=capabilities,
+                          cpu_flags=cpu_flags(), xla_blocker=blocker)
+
+
+def _trial_builder(workload, global_batch_size, seed):
+    import tensorflow as tf
+
+    from tfdist.data import make_dataset_fn
+    from tfdist.training import Trainer
+
+    strategy = tf.distribute.get_strategy()
+
+    def build(candidate):
+        data = workload.build_data(global_batch_size)
+        # Deterministic: every candidate gets the very same batch (see the recipes' trial).
+        dataset_fn = make_dataset_fn(data.train, global_batch_size, training=True, seed=seed,
+                                     deterministic=True)
+        dataset = strategy.distribute_datasets_from_function(
+            lambda context: dataset_fn(context).take(1).cache().repeat())
+        built = workload.build_model(data, global_batch_size)
+        optimizer = workload.build_optimizer(global_batch_size)
+        if built.prepare_optimizer is not None:
+            built.prepare_optimizer(optimizer)
+        trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
+                          jit_compile=candidate.jit_compile)
+        return trainer, dataset
+
+    return build
+
+
+def pick_vs_fastest(pick, throughputs):
+    """The pick's throughput over the fastest candidate's, and the fastest's name.
+
+    Args:
+        pick: the picked candidate's name.
+        throughputs: `{name: examples/s}` from the independent measurement
+            (None for a candidate that did not run).
+
+    Raises:
+        ValueError: the pick was not measured.
+
+    Example:
+
+    >>> pick_vs_fastest("a", {"a": 95.0, "b": 100.0, "c": None})
+    (0.95, 'b')
+    """
+    measured = {name: value for name, value in throughputs.items() if value}
+    if pick not in measured:
+        raise ValueError(f"The pick {pick!r} was not measured (measured: {sorted(measured)}).")
+    fastest = max(measured, key=measured.get)
+    return measured[pick] / measured[fastest], fastest
+
+
+def check_autotune(workload, global_batch_size, *, rounds=4, steps=3, seed=0, trial_seconds=120.0,
+                   log=print):
+    """Runs autotune's trial, then measures every candidate again; returns the report.
+
+    Args:
+        workload: a `tfdist.bench.workloads.Workload`.
+        global_batch_size: examples per step.
+        rounds, steps: the independent measurement's alternating rounds and
+            steps per candidate and round.
+        seed: weights and data.
+        trial_seconds: the trial's budget (`--autotune-budget`).
+        log: progress lines.
+
+    Returns:
+        A JSON-able dict: `workload`, `global_batch_size`, `pick`,
+        `trial_seconds`, `trial` (the trial's rows), `measured`
+        ({candidate: examples/s}), `fastest`, `pick_vs_fastest`.
+
+    Example:
+
+    >>> check_autotune(Workload("transformer", size="tiny"), 32)["pick_vs_fastest"]
+    1.0
+    """
+    from tfdist.autotune.tune import tune
+    from tfdist.bench.compare import Entrant, run_comparison
+    from tfdist.bench.engines import Setting
+
+    grid = _grid(workload, global_batch_size)
+    decision, _ = tune(grid, _trial_builder(workload, global_batch_size, seed),
+                       global_batch_size=global_batch_size, seed=seed,
+                       max_seconds=trial_seconds, log=log)
+    if decision.choice is None:
+        raise ValueError(f"Autotune chose nothing on {workload.label}: {decision.reason}.")
+    entrants = [Entrant(c.label, Setting("tfdist", c.policy, "on" if c.jit_compile else "off"))
+                for c in grid]
+    pick = decision.choice.label
+    comparisons = [(f"{c.label} / pick", c.label, pick) for c in grid if c.label != pick]
+    report = run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
+                            steps=steps, seed=seed, measure_peaks=False, log=log)
+    measured = {name: figures.get("examples_per_sec")
+                for name, figures in report["contenders"].items()}
+    ratio, fastest = pick_vs_fastest(pick, measured)
+    return {"workload": workload.label, "global_batch_size": global_batch_size, "pick": pick,
+            "trial_seconds": decision.trial_seconds, "trial": decision.rows,
+            "measured": measured, "comparisons": report["comparisons"], "fastest": fastest,
+            "pick_vs_fastest": ratio}
+
+
+def format_check(reports):
+    """One table: each workload's pick, the fastest in the second measurement, the ratio.
+
+    Example:
+
+    >>> print(format_check([{"workload": "cnn resnet_tiny (embedded shapes)",
+    ...     "global_batch_size": 64, "pick": "float32, XLA on", "trial_seconds": 30.0,
+    ...     "fastest": "float32, XLA on", "pick_vs_fastest": 1.0}]))
+    autotune's pick vs the fastest candidate measured again (alternating rounds):
+      workload                                 batch  pick                     trial   fastest again            pick / fastest
+      cnn resnet_tiny (embedded shapes)           64  float32, XLA on           30 s   float32, XLA on                   1.00x
+    """
+    lines = ["autotune's pick vs the fastest candidate measured again (alternating rounds):",
+             f"  {'workload':<40} {'batch':>5}  {'pick':<24} {'trial':>6}   "
+             f"{'fastest again':<24} {'pick / fastest':>14}"]
+    for report in reports:
+        lines.append(f"  {report['workload']:<40} {report['global_batch_size']:>5}  "
+                     f"{report['pick']:<24} {report['trial_seconds']:>4.0f} s   "
+                     f"{report['fastest']:<24} {report['pick_vs_fastest']:>13.2f}x")
+    return "\n".join(lines)
+
+
+def parser():
+    """Flags of `tfdist bench autotune` (see `--help`).
+
+    Example:
+
+    >>> parser().parse_args(["--models", "transformer=tiny"]).models
+    'transformer=tiny'
+    """
+    from tfdist.argtypes import int_at_least
+    from tfdist.tf_logging import add_tf_log_level_flag
+
+    positive = int_at_least(1)
+    result = argparse.ArgumentParser(
+        prog="tfdist bench autotune",
+        description="Autotune's trial on each model, then every candidate setting measured "
+                    "again in alternating rounds: is the pick the fastest?")
+    result.add_argument("--models", default="transformer=tiny,transformer=small,"
+                        "transformer=base,cnn=resnet_tiny",
+                        help="MODEL=SIZE items, comma-separated (default: the Transformer "
+                             "tiny, small and base and the CNN resnet_tiny)")
+    result.add_argument("--batch", type=positive, default=None,
+                        help="global batch (default: transformer 32, base 16; cnn 64)")
+    result.add_argument("--rounds", type=positive, default=4)
+    result.add_argument("--steps", type=positive, default=3)
+    result.add_argument("--sequence-length", type=positive, default=128)
+    result.add_argument("--vocab-size", type=int_at_least(2), default=8000)
+    result.add_argument("--json-out", default=None, help="also write the reports as JSON here")
+    result.add_argument("--quick", action="store_true",
+                        help="small data, 1 round of 2 steps (for tests)")
+    add_tf_log_level_flag(result)
+    return result
+
+
+def main(argv=None):
+    """`tfdist bench autotune [FLAGS]`: runs the check, prints the table; exit code.
+
+    Example:
+
+    >>> main(["--quick", "--models", "transformer=tiny"])  # doctest: +SKIP
+    0
+    """
+    from tfdist.bench.workloads import Workload
+    from tfdist.tf_logging import import_tensorflow
+
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import_tensorflow(args.tf_log_level)
+    workloads = []
+    for item in filter(None, (part.strip() for part in args.models.split(","))):
+        model, _, size = item.partition("=")
+        extra = dict(sequence_length=32, vocab_size=256, image_size=16) if args.quick else dict(
+            sequence_length=args.sequence_length, vocab_size=args.vocab_size)
+        if model == "cnn":
+            extra = {"image_size": extra["image_size"]} if "image_size" in extra else {}
+        else:
+            extra.pop("image_size", None)
+        workload = Workload(model, size=size or None, **extra)
+        batch = args.batch or (8 if args.quick else 16 if workload.size in ("base", "large")
+                               else DEFAULT_BATCHES[model])
+        workloads.append((workload, batch))
+    reports = []
+    for workload, batch in workloads:
+        print(f"== {workload.label}, global batch {batch}", flush=True)
+        reports.append(check_autotune(workload, batch, log=print,
+                                      **(QUICK if args.quick else dict(rounds=args.rounds,
+                                                                       steps=args.steps))))
+    print(format_check(reports))
+    if args.json_out:
+        write_json(args.json_out, reports)
+        print(f"Wrote {args.json_out}")
+    return 0
