@@ -27,14 +27,19 @@ def labels(grid):
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (AMX, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off",
-           "mixed_bfloat16, XLA on"]),
-    ({"avx512_bf16"}, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off",
-                       "mixed_bfloat16, XLA on"]),
+    (AMX, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off"]),
+    ({"avx512_bf16"}, ["float32, XLA off", "float32, XLA on", "mixed_bfloat16, XLA off"]),
     (AVX2, ["float32, XLA off", "float32, XLA on"]),
 ])
 def test_the_cpu_grid_holds_bfloat16_only_where_the_cpu_has_it(flags, expected):
     assert labels(candidate_grid("auto", "auto", on_gpu=False, cpu_flags=flags)) == expected
+
+
+def test_half_precision_with_xla_is_timed_on_gpus_and_on_cpus_only_when_asked():
+    gpu = candidate_grid("auto", "auto", on_gpu=True, gpu_capabilities=[(8, 0)])
+    assert "mixed_bfloat16, XLA on" in labels(gpu) and "mixed_float16, XLA on" in labels(gpu)
+    assert labels(candidate_grid("auto", "on", on_gpu=False, cpu_flags=AMX)) == [
+        "float32, XLA on", "mixed_bfloat16, XLA on"]
 
 
 def test_an_emulated_precision_is_named_as_not_tried():
@@ -54,10 +59,10 @@ def test_the_gpu_grid_follows_the_oldest_compute_capability(capabilities, expect
 
 
 def test_an_explicit_setting_closes_its_half_of_the_grid():
-    assert labels(candidate_grid("mixed_bfloat16", "auto", on_gpu=False, cpu_flags=AVX2)) == [
+    assert labels(candidate_grid("float32", "auto", on_gpu=False, cpu_flags=AVX2)) == [
+        "float32, XLA off", "float32, XLA on"]
+    assert labels(candidate_grid("mixed_bfloat16", "auto", on_gpu=True)) == [
         "mixed_bfloat16, XLA off", "mixed_bfloat16, XLA on"]
-    assert labels(candidate_grid("auto", "on", on_gpu=False, cpu_flags=AMX)) == [
-        "float32, XLA on", "mixed_bfloat16, XLA on"]
     assert labels(candidate_grid("float32", "off", on_gpu=False, cpu_flags=AMX)) == [
         "float32, XLA off"]
 

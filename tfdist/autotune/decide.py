@@ -149,7 +149,7 @@ def format_decision(decision, global_batch_size=None):
       setting                     examples/s   vs chosen   first loss vs fp32   compile
       float32, XLA on                  100.0       1.00x               0.000%     3.0 s  <- chosen
     """
-    batch = f", global batch {global_batch_size}" if global_batch_size else ""
+    batch = f", batch {global_batch_size}" if global_batch_size else ""
     if decision.trial_seconds is not None:
         cost = f"{decision.trial_seconds:.0f} s, compile included"
     else:

@@ -56,6 +56,19 @@ def environment_signature(on_gpu=None):
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
 
 
+def _forget_trial_tracing():
+    """The trial traced each candidate's step functions once; TensorFlow counts
+    those traces per method, and would call the real run's first evaluation
+    (the 5th trace of the same method) "excessive retracing". Its counters are
+    private: where they are not found, the warning is only noise."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+        polymorphic_function._frequent_tracing_detector_manager._detectors.clear()
+    except (ImportError, AttributeError):
+        pass
+
+
 def _cached_decision(entry, grid):
     choice = (entry or {}).get("choice") or {}
     if choice.get("precision") is None:
@@ -120,6 +133,7 @@ def tune(grid, build, *, global_batch_size, seed=0, signature=None, cache=None, 
     del timings
     keras.backend.clear_session()
     gc.collect()
+    _forget_trial_tracing()
     log(format_decision(decision, global_batch_size))
     source = f"measured in {decision.trial_seconds:.0f} s"
     if key is not None and decision.choice is not None:

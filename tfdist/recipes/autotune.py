@@ -1,10 +1,13 @@
 """How a recipe settles `--precision auto` / `--xla auto`: the rules, a cached
 decision, or a trial on the run's own model and batch (`--autotune`).
 
-The trial runs in the recipe's process, under the run's strategy, before the
-real model is built: each candidate setting gets its own model, optimizer
-and step (built exactly as the run will build them) and one batch of the
-run's training data replayed from memory (`tfdist.autotune.tune`). It is
+The trial runs in the recipe's process before the real model is built, on
+one device (the first GPU, or the CPU) with one replica's share of the
+batch: each candidate setting gets its own model, optimizer and step (built
+as the run will build them) and one batch of the run's training data
+replayed from memory (`tfdist.autotune.tune`). One replica is what the
+precision and XLA change; the all-reduce carries float32 gradients in every
+setting, and compiling once instead of once per device keeps the trial short. It is
 skipped, and the rules decide, when there is nothing to choose, under
 several workers (each would time on its own and they could disagree), under
 parameter servers and with `--model-parallel`.
@@ -12,7 +15,7 @@ parameter servers and with `--model-parallel`.
 Example:
 
     precision, jit_compile, xla_reason, summary = settle_auto_choices(
-        recipe, config, strategy, info, data, on_gpu=False,
+        recipe, config, info, data, on_gpu=False,
         rules=(precision, jit_compile, xla_reason), total_steps=1000)
 """
 
@@ -69,19 +72,23 @@ def _gpu_capabilities():
                   or (0, 0)) for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def _trial_builder(recipe, config, strategy, data, total_steps):
-    """`candidate -> (trainer, dataset)`, built the way the run builds its own."""
+def _trial_builder(recipe, config, data, batch_size, total_steps):
+    """`candidate -> (trainer, dataset)`, built the way the run builds its own,
+    but on one device (the first GPU, or the CPU) with one replica's batch."""
+    import tensorflow as tf
+
     from tfdist.data import make_dataset_fn
     from tfdist.optimizers import build_optimizer
     from tfdist.training import Trainer
 
+    strategy = tf.distribute.get_strategy()  # the default: one device
+
     def build(candidate):
         # Deterministic: every candidate gets the very same batch, so that
         # their first losses differ only by their arithmetic.
-        dataset_fn = make_dataset_fn(data.train, config.global_batch_size, training=True,
-                                     seed=config.seed, deterministic=True)
-        dataset = strategy.distribute_datasets_from_function(
-            lambda context: dataset_fn(context).take(1).cache().repeat())
+        dataset_fn = make_dataset_fn(data.train, batch_size, training=True, seed=config.seed,
+                                     deterministic=True)
+        dataset = dataset_fn(None).take(1).cache().repeat()
         with strategy.scope():
             built = recipe.build_model(config, data)
             if candidate.jit_compile and built.xla_blocker:
@@ -101,15 +108,14 @@ def _trial_builder(recipe, config, strategy, data, total_steps):
     return build
 
 
-def settle_auto_choices(recipe, config, strategy, info, data, *, on_gpu, rules, total_steps,
-                        say=print):
+def settle_auto_choices(recipe, config, info, data, *, on_gpu, rules, total_steps, say=print):
     """The run's precision and XLA settings, with `--autotune` applied.
 
     Args:
         recipe: the `Recipe`.
         config: the parsed config (`autotune`, `autotune_cache`,
             `autotune_budget`, `precision`, `xla`, ...).
-        strategy, info: the run's strategy and its `describe_strategy`.
+        info: the run's `describe_strategy`.
         data: the recipe's `RecipeData`.
         on_gpu: whether the step runs on GPUs.
         rules: `(PrecisionChoice, jit_compile, xla_reason)` from the fixed rules.
@@ -124,7 +130,7 @@ def settle_auto_choices(recipe, config, strategy, info, data, *, on_gpu, rules, 
     Example:
 
     >>> precision, jit, reason, summary = settle_auto_choices(
-    ...     recipe, config, strategy, info, data, on_gpu=False, rules=rules, total_steps=100)
+    ...     recipe, config, info, data, on_gpu=False, rules=rules, total_steps=100)
     """
     from tfdist.autotune.tune import tune
 
@@ -141,9 +147,12 @@ def settle_auto_choices(recipe, config, strategy, info, data, *, on_gpu, rules, 
     skipped = skip_reason(config, info)
     if skipped:
         return precision, jit_compile, xla_reason, skipped
+    per_replica = config.global_batch_size // info.num_replicas
+    say(f"autotune: the trial runs on one device with one replica's batch ({per_replica} "
+        "examples); --autotune off skips it")
     decision, source = tune(
-        grid, _trial_builder(recipe, config, strategy, data, total_steps),
-        global_batch_size=config.global_batch_size, seed=config.seed,
+        grid, _trial_builder(recipe, config, data, per_replica, total_steps),
+        global_batch_size=per_replica, seed=config.seed,
         signature=run_signature(recipe.name, config, recipe.all_options(), data, info),
         cache=DecisionCache(config.autotune_cache), refresh=config.autotune == "refresh",
         max_seconds=config.autotune_budget, log=say)

@@ -495,7 +495,7 @@ def _train(recipe, config, where):
     check_warmup(config, steps_per_epoch)
     total_steps = optimizer_steps(config, steps_per_epoch)
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
-        recipe, config, strategy, info, data, on_gpu=gpus > 0,
+        recipe, config, info, data, on_gpu=gpus > 0,
         rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
     keras.mixed_precision.set_global_policy(precision.policy)
     keras.utils.set_random_seed(config.seed)
