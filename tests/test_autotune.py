@@ -197,8 +197,7 @@ def _builder(fail_with_xla=False):
         model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(4),
                                   keras.layers.Activation("linear", dtype="float32")])
-        built.append((candidate, keras.mixed_precision.dtype_policy().name,
-                      [w.numpy().copy() for w in model.weights]))
+        built.append((candidate, keras.mixed_precision.dtype_policy().name))
         trainer = Trainer(model, keras.optimizers.SGD(0.1),
                           keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           jit_compile=candidate.jit_compile)
@@ -213,16 +212,17 @@ def test_a_real_trial_times_every_setting_from_the_same_weights_and_restores_the
     grid = [Candidate("float32", False), Candidate("float32", True),
             Candidate("mixed_bfloat16", False)]
     before = keras.mixed_precision.dtype_policy().name
+    np_state = np.random.get_state()[1].copy()
     lines = []
-    timings = run_trial(grid, build, seed=7, rounds=2, steps=2, min_round_seconds=0.0,
+    timings = run_trial(grid, build, rounds=2, steps=2, min_round_seconds=0.0,
                         log=lines.append)
     assert keras.mixed_precision.dtype_policy().name == before
-    assert [policy for _, policy, _ in built] == ["float32", "float32", "mixed_bfloat16"]
-    for _, _, weights in built[1:]:  # each candidate starts from the same weights
-        for first, other in zip(built[0][2], weights):
-            np.testing.assert_array_equal(first, other)
+    np.testing.assert_array_equal(np.random.get_state()[1], np_state)  # no global seeding
+    assert [policy for _, policy in built] == ["float32", "float32", "mixed_bfloat16"]
     assert [len(t.step_times) for t in timings] == [4, 4, 4]  # 2 rounds x 2 steps
     assert all(t.finite and t.error is None for t in timings)
+    # The models were initialised differently; the same first loss shows that
+    # every candidate started from the first one's weights.
     assert timings[1].first_loss == pytest.approx(timings[0].first_loss, rel=1e-5)
     assert timings[2].first_loss == pytest.approx(timings[0].first_loss, rel=5e-2)
     assert timings[0].first_loss != timings[2].first_loss  # bf16 really ran in bf16
@@ -234,7 +234,7 @@ def test_a_real_trial_times_every_setting_from_the_same_weights_and_restores_the
 def test_a_setting_that_cannot_run_is_left_out_with_the_reason():
     build, _ = _builder(fail_with_xla=True)
     timings = run_trial([Candidate("float32", False), Candidate("float32", True)], build,
-                        seed=0, rounds=1, steps=1, min_round_seconds=0.0)
+                        rounds=1, steps=1, min_round_seconds=0.0)
     assert timings[1].error == "ValueError: this model cannot be compiled"
     assert timings[1].step_times == [] and len(timings[0].step_times) == 1
     decision = choose(timings, 32)
@@ -244,7 +244,7 @@ def test_a_setting_that_cannot_run_is_left_out_with_the_reason():
 def test_the_trial_budget_stops_new_rounds():
     build, _ = _builder()
     lines = []
-    timings = run_trial([Candidate("float32", False)], build, seed=0, rounds=5, steps=1,
+    timings = run_trial([Candidate("float32", False)], build, rounds=5, steps=1,
                         max_seconds=1e-9, min_round_seconds=0.0, log=lines.append)
     assert len(timings[0].step_times) == 1  # the first round always runs, no second
     assert any("budget is spent" in line for line in lines)

@@ -490,6 +490,10 @@ KILL_AT = 12  # epoch 1, step 2 (10 batches per epoch, backups every 4 steps)
 
 @pytest.fixture(scope="module")
 def uninterrupted():
+    # The worker processes never set TensorFlow's global seed, which decides
+    # the seeded shuffle's order together with its op seed; an earlier test
+    # in this process may have set it (keras.utils.set_random_seed).
+    tf.random.set_seed(None)
     model, trainer = backup_worker.make_trainer(tf.distribute.get_strategy())
     history = trainer.fit(backup_worker.data(), epochs=backup_worker.EPOCHS, verbose=0)
     return common.weights_of(model), history.history

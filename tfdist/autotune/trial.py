@@ -147,8 +147,20 @@ def steps_per_round(steps, step_seconds, min_round_seconds):
     return max(steps, min(MAX_STEPS_PER_ROUND, math.ceil(min_round_seconds / step_seconds)))
 
 
-def run_trial(candidates, build, *, seed, rounds=3, steps=3, warmup_steps=2, max_seconds=120.0,
-              min_round_seconds=0.5, log=None):
+def _same_start(model, initial):
+    """Gives `model` the weights of the first candidate built (when it has the
+    same shapes), so that every candidate starts from them; returns the
+    weights to use from now on."""
+    weights = [variable.numpy() for variable in model.weights]
+    if initial is None:
+        return weights
+    if [w.shape for w in weights] == [w.shape for w in initial]:
+        model.set_weights(initial)
+    return initial
+
+
+def run_trial(candidates, build, *, seed=None, rounds=3, steps=3, warmup_steps=2,
+              max_seconds=120.0, min_round_seconds=0.5, log=None):
     """Times each candidate setting on the actual model and batch.
 
     Args:
@@ -156,9 +168,13 @@ def run_trial(candidates, build, *, seed, rounds=3, steps=3, warmup_steps=2, max
         build: `candidate -> (trainer, dataset)`: a `tfdist.training.Trainer`
             for the model built for that candidate (its `jit_compile` as the
             candidate says) and a dataset that replays one batch. It is
-            called with the candidate's policy as the Keras global policy
-            and the random seed set to `seed`.
-        seed: the seed set before each build (same initial weights for all).
+            called with the candidate's policy as the Keras global policy.
+            Every candidate's model then gets the first one's initial
+            weights (float32 variables in every policy).
+        seed: when given, `keras.utils.set_random_seed(seed)` runs before
+            each build (for builders that draw random numbers of their own);
+            it sets the global seeds of Python, NumPy, TensorFlow and Keras,
+            so leave it None unless the caller seeds again afterwards.
         rounds: alternating rounds of measured steps, >= 1.
         steps: measured steps per candidate and round, >= 1.
         warmup_steps: unmeasured first steps per candidate (compilation), >= 1.
@@ -187,13 +203,16 @@ def run_trial(candidates, build, *, seed, rounds=3, steps=3, warmup_steps=2, max
     previous = keras.mixed_precision.dtype_policy()
     timings = [CandidateTiming(candidate) for candidate in candidates]
     built = {}
+    initial = None
     try:
         for timing in timings:
             keras.mixed_precision.set_global_policy(timing.candidate.policy)
-            keras.utils.set_random_seed(seed)
+            if seed is not None:
+                keras.utils.set_random_seed(seed)
             begin = time.perf_counter()
             try:
                 trainer, dataset = build(timing.candidate)
+                initial = _same_start(trainer.model, initial)
                 # The agreement check: the candidate's own evaluation step on the
                 # batch, from the shared initial weights, in inference mode (no
                 # dropout, batch norm on its initial statistics), so that only

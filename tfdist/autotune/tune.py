@@ -80,15 +80,15 @@ def _cached_decision(entry, grid):
                     measured_at=entry.get("measured_at"))
 
 
-def tune(grid, build, *, global_batch_size, seed=0, signature=None, cache=None, refresh=False,
-         max_seconds=120.0, log=print):
+def tune(grid, build, *, global_batch_size, seed=None, signature=None, cache=None,
+         refresh=False, max_seconds=120.0, log=print):
     """Decides among `grid`: from the cache when it holds this signature, else by a trial.
 
     Args:
         grid: the `Candidate`s (at least one).
         build: `candidate -> (trainer, dataset)`, see `run_trial`.
         global_batch_size: examples per step.
-        seed: the seed set before each build.
+        seed: see `run_trial` (None: the global seeds are left alone).
         signature: what the decision is valid for (a JSON-serialisable dict
             naming the model and batch; `environment_signature()` is added),
             or None to neither read nor write the cache.
@@ -147,8 +147,8 @@ def tune(grid, build, *, global_batch_size, seed=0, signature=None, cache=None, 
 
 
 def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precision="auto",
-               xla="auto", signature=None, cache_path=None, refresh=False, seed=0,
-               max_seconds=120.0, log=print):
+               xla="auto", signature=None, cache_path=None, refresh=False, max_seconds=120.0,
+               log=print):
     """Times precision and XLA settings on your own model; returns the `Decision`.
 
     Each candidate's model is built by `build_model()` with the candidate's
@@ -173,7 +173,7 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
             to always measure.
         cache_path: the cache file (default: `default_cache_path()`).
         refresh: measure even when a decision is cached.
-        seed, max_seconds, log: see `tune`.
+        max_seconds, log: see `tune`.
 
     Returns:
         A `Decision`; `decision.choice` is the `Candidate` to use (None when
@@ -215,7 +215,6 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
             trainer = Trainer(model, strategy=strategy, jit_compile=candidate.jit_compile)
         return trainer, replay
 
-    decision, _ = tune(grid, build, global_batch_size=global_batch_size, seed=seed,
-                       signature=signature, cache=DecisionCache(cache_path), refresh=refresh,
+    decision, _ = tune(grid, build, global_batch_size=global_batch_size, signature=signature, cache=DecisionCache(cache_path), refresh=refresh,
                        max_seconds=max_seconds, log=log)
     return decision

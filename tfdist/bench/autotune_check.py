@@ -119,8 +119,7 @@ def check_autotune(workload, global_batch_size, *, rounds=4, steps=3, seed=0, tr
 
     grid = _grid(workload, global_batch_size)
     decision, _ = tune(grid, _trial_builder(workload, global_batch_size, seed),
-                       global_batch_size=global_batch_size, seed=seed,
-                       max_seconds=trial_seconds, log=log)
+                       global_batch_size=global_batch_size, max_seconds=trial_seconds, log=log)
     if decision.choice is None:
         raise ValueError(f"Autotune chose nothing on {workload.label}: {decision.reason}.")
     entrants = [Entrant(c.label, Setting("tfdist", c.policy, "on" if c.jit_compile else "off"))
