@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from recipe_util import REPO_ROOT
+from tfdist.callbacks import latest_backup
 
 PREEMPTED = 143
 SHORT = ["--epochs", "2", "--steps-per-epoch", "30", "--warmup-steps", "5", "--verbose", "2",
@@ -136,6 +137,9 @@ def test_a_signal_at_a_random_step_backs_up_there_and_the_rerun_is_exact(uninter
     assert stop.group(1) == signal.Signals(signum).name
     assert "Traceback" not in out
     step = int(stop.group(4))
+    assert latest_backup(str(tmp_path / "backup")).global_step == step
+    if signum == signal.SIGINT:
+        return  # from the backup on, a rerun cannot tell which signal stopped the run
     code, out = run(command)
     assert code == 0, out[-3000:]
     assert f"(global step {step}," in out  # resumed at exactly that step
