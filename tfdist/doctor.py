@@ -30,7 +30,7 @@ import threading
 import time
 
 from tfdist import __version__
-from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, detect_precision
+from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
 from tfdist.tf_logging import add_tf_log_level_flag, import_tensorflow
 from tfdist.xla import resolve_xla
 
@@ -197,24 +197,6 @@ def describe_features(flags, from_env=False):
     if from_env:
         text += f" (from ${CPU_FLAGS_ENV})"
     return text
-
-
-def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):
-    """The CPU's model name (from /proc/cpuinfo, else what `platform` says).
-
-    Example:
-
-    >>> cpu_model_name()
-    'AMD EPYC 7B13'
-    """
-    try:
-        with open(cpuinfo_path) as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def nvidia_packages():

@@ -10,6 +10,7 @@ float32.
 import dataclasses
 import logging
 import os
+import platform
 
 # TensorFlow and Keras are imported inside the functions that need them, so
 # that the recipes can validate their flags (which name these precisions)
@@ -120,6 +121,24 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo", environ=None):
     except OSError:
         pass
     return set()
+
+
+def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's model name (from /proc/cpuinfo, else what `platform` says).
+
+    Example:
+
+    >>> cpu_model_name()
+    'AMD EPYC 7B13'
+    """
+    try:
+        with open(cpuinfo_path) as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def _gpu_compute_capabilities():

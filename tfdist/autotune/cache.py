@@ -28,6 +28,8 @@ import logging
 import os
 import tempfile
 
+from tfdist.precision import cpu_model_name
+
 logger = logging.getLogger("tfdist")
 
 CACHE_ENV = "TFDIST_AUTOTUNE_CACHE"
@@ -66,24 +68,6 @@ def default_cache_path(environ=None):
     base = environ.get("XDG_CACHE_HOME") or os.path.join(
         environ.get("HOME") or os.path.expanduser("~"), ".cache")
     return os.path.join(base, "tfdist", "autotune.json")
-
-
-def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):
-    """The CPU's model name ("unknown" where it cannot be read).
-
-    Example:
-
-    >>> cpu_model_name()  # doctest: +SKIP
-    'AMD EPYC 9R14 96-Core Processor'
-    """
-    try:
-        with open(cpuinfo_path) as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def hardware_signature(cpu_flags, gpus=(), cpu_name=None, cpus=None):
