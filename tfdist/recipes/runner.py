@@ -494,6 +494,9 @@ def _train(recipe, config, where):
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
     check_warmup(config, steps_per_epoch)
     total_steps = optimizer_steps(config, steps_per_epoch)
+    # The record (config.yaml) keeps the choices and their reasons, not where
+    # they came from: a resumed run that reads the cached decision is the
+    # same configuration as the run that measured it.
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
         recipe, config, info, data, on_gpu=gpus > 0,
         rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
@@ -525,8 +528,8 @@ def _train(recipe, config, where):
     resolved = {
         "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
         "precision": precision.policy, "precision_reason": precision.reason,
-        "xla": jit_compile, "xla_reason": xla_reason, "autotune": autotune_summary,
-        "gpu_memory": _gpu_memory_line(config, gpus), "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
+        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": _gpu_memory_line(config, gpus),
+        "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
     backup_dir = config.backup_dir or (
