@@ -27,4 +27,10 @@ def all_reduce():
 total = strategy.experimental_local_results(all_reduce())[0]
 print(f"replicas={strategy.num_replicas_in_sync} task={strategy.cluster_resolver.task_id} "
       f"allreduce={float(total):g}", flush=True)
+# A worker that exits as soon as its own all-reduce returns can close the
+# gRPC server its peer is still fetching a ring buffer from ("Socket closed"):
+# both wait at a coordination-service barrier, with a deadline, first.
+from tensorflow.python.eager import context  # noqa: E402
+
+context.context().wait_at_barrier("launch_tf_allreduce_done", 60_000)
 os._exit(0)
