@@ -56,6 +56,27 @@ def environment_signature(on_gpu=None):
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
 
 
+def machine_grid(precision, xla, xla_blocker=None):
+    """The candidate grid (`candidate_grid`) for this machine's CPU flags and GPUs.
+
+    Args:
+        precision: "auto" or a policy name, canonical.
+        xla: "auto", "on" or "off".
+        xla_blocker: why the model cannot be XLA-compiled, or None.
+
+    Example:
+
+    >>> [c.label for c in machine_grid("float32", "auto")]
+    ['float32, XLA off', 'float32, XLA on']
+    """
+    from tfdist.precision import cpu_flags
+
+    gpus = environment_signature()["hardware"]["gpus"]
+    return candidate_grid(precision, xla, on_gpu=bool(gpus),
+                          gpu_capabilities=[tuple(capability) for _, capability in gpus],
+                          cpu_flags=cpu_flags(), xla_blocker=xla_blocker)
+
+
 def _forget_trial_tracing():
     """The trial traced each candidate's step functions once; TensorFlow counts
     those traces per method, and would call the real run's first evaluation
@@ -190,7 +211,7 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
     """
     import tensorflow as tf
 
-    from tfdist.precision import canonical_precision, cpu_flags
+    from tfdist.precision import canonical_precision
     from tfdist.training import Trainer
     from tfdist.xla import XLA_MODES
 
@@ -201,10 +222,7 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
     if workers > 1:
         raise ValueError(f"tune_model under {workers} workers: each would time on its own and "
                          "they could disagree. Tune on one worker, then pass the choice to all.")
-    gpus = environment_signature()["hardware"]["gpus"]
-    grid = candidate_grid(canonical_precision(precision), xla, on_gpu=bool(gpus),
-                          gpu_capabilities=[tuple(capability) for _, capability in gpus],
-                          cpu_flags=cpu_flags())
+    grid = machine_grid(canonical_precision(precision), xla)
     if len(grid) == 1:
         return Decision(grid[0], [], "autotune: only one setting is possible here")
     replay = dataset.take(1).cache().repeat()

@@ -24,21 +24,12 @@ DEFAULT_BATCHES = {"transformer": 32, "cnn": 64}
 
 
 def _grid(workload, global_batch_size):
-    from tfdist.autotune import candidate_grid
-    from tfdist.devices import gpu_count
-    from tfdist.precision import cpu_flags
+    from tfdist.autotune.tune import machine_grid
 
-    on_gpu = gpu_count() > 0
-    capabilities = []
-    if on_gpu:
-        from tfdist.autotune.tune import environment_signature
-
-        capabilities = [tuple(c) for _, c in environment_signature()["hardware"]["gpus"]]
     config = workload.recipe_config(global_batch_size)
     recipe = workload.recipe_module().RECIPE
     blocker = recipe.xla_blocker(config) if recipe.xla_blocker else None
-    return candidate_grid("auto", "auto", on_gpu=on_gpu, gpu_capabilities=capabilities,
-                          cpu_flags=cpu_flags(), xla_blocker=blocker)
+    return machine_grid("auto", "auto", xla_blocker=blocker)
 
 
 def _trial_builder(workload, global_batch_size, seed):
