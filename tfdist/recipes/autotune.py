@@ -78,7 +78,7 @@ def _trial_builder(recipe, config, data, batch_size, total_steps):
     import tensorflow as tf
 
     from tfdist.data import make_dataset_fn
-    from tfdist.optimizers import build_optimizer
+    from tfdist.recipes.runner import build_recipe_optimizer  # runner imports this module
     from tfdist.training import Trainer
 
     strategy = tf.distribute.get_strategy()  # the default: one device
@@ -93,12 +93,7 @@ def _trial_builder(recipe, config, data, batch_size, total_steps):
             built = recipe.build_model(config, data)
             if candidate.jit_compile and built.xla_blocker:
                 raise ValueError(built.xla_blocker)
-            optimizer = build_optimizer(
-                config.optimizer, config.learning_rate, schedule=config.schedule,
-                warmup_steps=config.warmup_steps, total_steps=total_steps,
-                weight_decay=config.weight_decay)
-            if built.prepare_optimizer is not None:
-                built.prepare_optimizer(optimizer)
+            optimizer = build_recipe_optimizer(config, total_steps, built)
             trainer = Trainer(built.model, optimizer, built.loss, built.metrics,
                               strategy=strategy, jit_compile=candidate.jit_compile,
                               grad_accum_steps=config.grad_accum_steps,

@@ -354,6 +354,26 @@ def check_warmup(config, steps_per_epoch):
             "or a longer run (--epochs, --steps-per-epoch).")
 
 
+def build_recipe_optimizer(config, total_steps, built):
+    """The run's optimizer and learning-rate schedule from the recipe flags, prepared
+    for the model `built` (e.g. weight decay exclusions); call in the strategy scope.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     optimizer = build_recipe_optimizer(config, 1000, built)
+    """
+    from tfdist.optimizers import build_optimizer
+
+    optimizer = build_optimizer(
+        config.optimizer, config.learning_rate, schedule=config.schedule,
+        warmup_steps=config.warmup_steps, total_steps=total_steps,
+        weight_decay=config.weight_decay)
+    if built.prepare_optimizer is not None:
+        built.prepare_optimizer(optimizer)
+    return optimizer
+
+
 def optimizer_steps(config, steps_per_epoch):
     """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps)."""
     return math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)
@@ -474,7 +494,6 @@ def _train(recipe, config, where):
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
     from tfdist.data import distribute_dataset
-    from tfdist.optimizers import build_optimizer
     from tfdist.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
 
@@ -514,12 +533,7 @@ def _train(recipe, config, where):
         built = recipe.build_model(config, data)
         jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
                                                        built.xla_blocker)
-        optimizer = build_optimizer(
-            config.optimizer, config.learning_rate, schedule=config.schedule,
-            warmup_steps=config.warmup_steps, total_steps=total_steps,
-            weight_decay=config.weight_decay)
-        if built.prepare_optimizer is not None:
-            built.prepare_optimizer(optimizer)
+        optimizer = build_recipe_optimizer(config, total_steps, built)
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
                           jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
