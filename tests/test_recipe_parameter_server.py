@@ -12,7 +12,12 @@ import time
 
 from mw import REPO_ROOT
 
-EPOCHS, STEPS = 3, 20
+# Asynchronous steps make each run's learning curve differ: over 11 runs of 3
+# epochs here the last epoch's mean training loss ranged from 0.005 to 2.13
+# (chance 2.46; the 2.13 failed a CI-like run). So the run is 4 epochs long
+# (final validation loss 0.002-0.006 in 4 runs) and "learned" is judged by the
+# validation loss of the final weights, not by an epoch's running mean.
+EPOCHS, STEPS = 4, 20
 
 
 def find_task(task_type, index, marker):
@@ -74,7 +79,7 @@ def test_transformer_recipe_learns_and_survives_a_lost_worker(tmp_path):
     assert status == 0, output[-4000:]
     assert killed and "worker 1 exited with signal 9" in output
     chance, last = map(float, re.search(
-        r"\[chief\]   loss +[\d.]+ -> ([\d.]+) +\(chance: ([\d.]+)\)", output).groups()[::-1])
+        r"\[chief\]   val_loss +[\d.]+ -> ([\d.]+) +\(chance: ([\d.]+)\)", output).groups()[::-1])
     assert last < 0.5 * chance, output[-3000:]
     steps = dict(map(int, pair) for pair in re.findall(r"worker (\d): (\d+)", output.split(
         "steps per worker", 1)[1].splitlines()[0]))
