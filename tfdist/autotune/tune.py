@@ -56,6 +56,30 @@ def environment_signature(on_gpu=None):
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
 
 
+def machine_hardware(on_gpu=None):
+    """This machine's CPU flags and GPU compute capabilities, as `candidate_grid`
+    and `candidate_precisions` take them.
+
+    Args:
+        on_gpu: describe the GPUs (default: whether TensorFlow sees any);
+            False gives no capabilities.
+
+    Returns:
+        `(cpu_flags, gpu_capabilities)`: a set of flag names and a list of
+        `(major, minor)`, one per GPU.
+
+    Example:
+
+    >>> flags, capabilities = machine_hardware(on_gpu=False)
+    >>> capabilities
+    []
+    """
+    from tfdist.precision import cpu_flags
+
+    gpus = environment_signature(on_gpu)["hardware"]["gpus"]
+    return cpu_flags(), [tuple(capability) for _, capability in gpus]
+
+
 def machine_grid(precision, xla, xla_blocker=None):
     """The candidate grid (`candidate_grid`) for this machine's CPU flags and GPUs.
 
@@ -69,12 +93,10 @@ def machine_grid(precision, xla, xla_blocker=None):
     >>> [c.label for c in machine_grid("float32", "auto")]
     ['float32, XLA off', 'float32, XLA on']
     """
-    from tfdist.precision import cpu_flags
-
-    gpus = environment_signature()["hardware"]["gpus"]
-    return candidate_grid(precision, xla, on_gpu=bool(gpus),
-                          gpu_capabilities=[tuple(capability) for _, capability in gpus],
-                          cpu_flags=cpu_flags(), xla_blocker=xla_blocker)
+    flags, capabilities = machine_hardware()
+    return candidate_grid(precision, xla, on_gpu=bool(capabilities),
+                          gpu_capabilities=capabilities, cpu_flags=flags,
+                          xla_blocker=xla_blocker)
 
 
 def _forget_trial_tracing():
@@ -233,6 +255,7 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
             trainer = Trainer(model, strategy=strategy, jit_compile=candidate.jit_compile)
         return trainer, replay
 
-    decision, _ = tune(grid, build, global_batch_size=global_batch_size, signature=signature, cache=DecisionCache(cache_path), refresh=refresh,
-                       max_seconds=max_seconds, log=log)
+    decision, _ = tune(grid, build, global_batch_size=global_batch_size, signature=signature,
+                       cache=DecisionCache(cache_path), refresh=refresh, max_seconds=max_seconds,
+                       log=log)
     return decision

@@ -21,7 +21,7 @@ Example:
 
 from tfdist.autotune import DecisionCache, candidate_grid, candidate_precisions
 from tfdist.autotune.cache import RUN_ONLY_OPTIONS
-from tfdist.precision import PrecisionChoice, cpu_flags
+from tfdist.precision import PrecisionChoice
 from tfdist.recipes.record import config_values
 
 
@@ -63,13 +63,6 @@ def run_signature(recipe_name, config, options, data, info):
             "data": {"info": data.info, "tokens_per_example": data.tokens_per_example,
                      "description": data.description},
             "strategy": {"name": info.name, "replicas": info.num_replicas}}
-
-
-def _gpu_capabilities():
-    import tensorflow as tf
-
-    return [tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability")
-                  or (0, 0)) for gpu in tf.config.list_physical_devices("GPU")]
 
 
 def _trial_builder(recipe, config, data, batch_size, total_steps):
@@ -127,13 +120,12 @@ def settle_auto_choices(recipe, config, info, data, *, on_gpu, rules, total_step
     >>> precision, jit, reason, summary = settle_auto_choices(
     ...     recipe, config, info, data, on_gpu=False, rules=rules, total_steps=100)
     """
-    from tfdist.autotune.tune import tune
+    from tfdist.autotune.tune import machine_hardware, tune
 
     precision, jit_compile, xla_reason = rules
     if config.autotune == "off" or (config.precision != "auto" and config.xla != "auto"):
         return precision, jit_compile, xla_reason, None
-    capabilities = _gpu_capabilities() if on_gpu else []
-    flags = cpu_flags()
+    flags, capabilities = machine_hardware(on_gpu)
     grid = candidate_grid(config.precision, config.xla, on_gpu=on_gpu,
                           gpu_capabilities=capabilities, cpu_flags=flags,
                           xla_blocker=recipe.xla_blocker(config) if recipe.xla_blocker else None)

@@ -513,9 +513,6 @@ def _train(recipe, config, where):
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
     check_warmup(config, steps_per_epoch)
     total_steps = optimizer_steps(config, steps_per_epoch)
-    # The record (config.yaml) keeps the choices and their reasons, not where
-    # they came from: a resumed run that reads the cached decision is the
-    # same configuration as the run that measured it.
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
         recipe, config, info, data, on_gpu=gpus > 0,
         rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
@@ -539,6 +536,9 @@ def _train(recipe, config, where):
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
                           **model_parallel_arguments(config))
 
+    # The record (config.yaml) keeps the choices and their reasons, not where
+    # they came from: a resumed run that reads the cached decision is the
+    # same configuration as the run that measured it.
     resolved = {
         "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
         "precision": precision.policy, "precision_reason": precision.reason,
