@@ -7,8 +7,8 @@ writes, every worker computes the same values).
     from tfdist.callbacks import ThroughputMeter, NanGuard, DivergenceGuard, BackupAndResume
 """
 
-from tfdist.callbacks.backup import (BackupAndResume, BackupInfo, ResumeWarning, latest_backup,
-                                     list_backups, read_backup)
+from tfdist.callbacks.backup import (BackupAndResume, BackupInfo, ResumeWarning, describe_backup,
+                                     latest_backup, list_backups, read_backup)
 from tfdist.callbacks.chief import is_chief, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
 from tfdist.callbacks.divergence import DivergenceError, DivergenceGuard
@@ -28,6 +28,6 @@ __all__ = [
     "DivergenceGuard", "LearningRateLogger", "LearningRateScheduleCallback", "LossHealth",
     "MemoryUsageWarning", "NanGuard", "NonFiniteLossError", "PREEMPTED_EXIT_CODE", "Preempted",
     "PreemptionGuard", "ProfilerWindow", "ProgressLogger", "ResumeWarning", "ThroughputMeter",
-    "WorkerSafeBackupAndRestore", "format_summary", "is_chief", "latest_backup", "list_backups",
-    "make_logging_callbacks", "make_worker_safe", "read_backup", "task_info",
+    "WorkerSafeBackupAndRestore", "describe_backup", "format_summary", "is_chief", "latest_backup",
+    "list_backups", "make_logging_callbacks", "make_worker_safe", "read_backup", "task_info",
 ]

@@ -7,12 +7,17 @@
 
 `BackupAndResume` is the callback; `latest_backup`, `list_backups` and
 `read_backup` inspect a backup folder without a model (e.g. to see where a
-relaunched job will resume).
+relaunched job will resume), and `describe_backup` names a backup for an
+operator ("ckpt-7 (global step 120) in backup"). `BackupIndexError` (a
+folder whose backups cannot be read) and `BackupWriteError` (a failed write,
+e.g. a full disk) are the errors an operator must act on.
 """
 
 from tfdist.callbacks.backup.callback import BackupAndResume, ResumeWarning
-from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, latest_backup,
+from tfdist.callbacks.backup.store import (BackupIndexError, BackupInfo, BackupWriteError,
+                                           BackupWriter, describe_backup, latest_backup,
                                            list_backups, read_backup)
 
-__all__ = ["BackupAndResume", "BackupInfo", "BackupWriter", "ResumeWarning", "latest_backup",
-           "list_backups", "read_backup"]
+__all__ = ["BackupAndResume", "BackupIndexError", "BackupInfo", "BackupWriteError",
+           "BackupWriter", "ResumeWarning", "describe_backup", "latest_backup", "list_backups",
+           "read_backup"]

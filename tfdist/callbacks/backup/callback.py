@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.callbacks.backup.good import GoodBackups
-from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, checkpoint_number,
-                                           list_backups, read_backup)
+from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, read_backup,
+                                           summarize_error, survey_backups)
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.callbacks.loss_health import loss_health
 from tfdist.strategy import describe_strategy
@@ -68,8 +68,13 @@ class BackupAndResume(keras.callbacks.Callback):
       and the `checkpoint` index file is replaced (write + rename) only after,
       then backups beyond `max_to_keep` are deleted; a crash mid-write leaves
       the previous backup in the index and loadable. The leftovers of an
-      interrupted write are removed at the next start. An unreadable newest
-      backup makes the callback fall back to the previous one.
+      interrupted write are removed at the next start; nothing else is
+      deleted on a guess: a damaged or missing index is rebuilt from the
+      readable backups present, and a folder with backups none of which can
+      be read is refused (`BackupIndexError`). An unreadable newest backup
+      makes the callback fall back to the previous one (saying why). A write
+      that fails, e.g. on a full disk, removes its partial files and raises
+      `BackupWriteError`; the earlier backups are kept.
     * **Keeps the last good one.** With a `tfdist.callbacks.DivergenceGuard`
       in the callbacks (before this one), its loss record is saved in every
       backup and restored with it; a backup is *good* once the guard judged
@@ -233,13 +238,14 @@ class BackupAndResume(keras.callbacks.Callback):
         self._writer = BackupWriter(checkpoint, self.backup_dir, self.max_to_keep,
                                     is_chief=self._chief,
                                     worker_name=f"{task_type or 'worker'}{task_id}")
-        committed = list_backups(self.backup_dir)
-        info = self._restore(committed)
+        # Read once, before anyone changes the folder: the chief repairs the
+        # index and removes debris only after every worker has restored.
+        survey = survey_backups(self.backup_dir)
+        info = self._restore(survey.paths)
         self._agree("restored backup", [info.number if info else 0,
                                          info.global_step if info else -1])
-        numbers = [checkpoint_number(p) for p in committed]
-        self._next_number = max(numbers + [0]) + 1
-        self._writer.clean_uncommitted()
+        self._next_number = survey.next_number
+        self._writer.clean_uncommitted(survey)
         if self._health is not None:
             self._start_guarded(info)
         if info is None:
@@ -280,18 +286,17 @@ class BackupAndResume(keras.callbacks.Callback):
 
     def _restore(self, committed):
         """Restores the model and optimizer from the best usable backup."""
-        infos = []
+        infos, reasons = [], {}
         for path in reversed(committed):
             try:
                 infos.append(read_backup(path))
             except ValueError as error:
-                warnings.warn(f"BackupAndResume: skipping backup: {error}", ResumeWarning,
-                              stacklevel=3)
+                reasons[path] = summarize_error(error.__cause__ or error)
+                warnings.warn(f"BackupAndResume: skipping backup {path}: it could not be read "
+                              f"({reasons[path]}).", ResumeWarning, stacklevel=3)
         if not infos:
             if committed:
-                raise ValueError(
-                    f"BackupAndResume: {self.backup_dir!r} lists backups {committed} but none "
-                    "can be read. Restore the files, or delete the folder to start over.")
+                raise ValueError(self._none_restored(reasons))
             return None
         candidates = infos
         keras_fit = self._fit_position is None
@@ -323,19 +328,24 @@ class BackupAndResume(keras.callbacks.Callback):
             except (AssertionError, ValueError) as error:  # unmatched objects, shapes, dtypes
                 raise ValueError(
                     f"BackupAndResume: the backup {info.path} does not match this model and "
-                    f"optimizer ({str(error).strip().splitlines()[0][:300]}). Resume with the "
+                    f"optimizer ({summarize_error(error, limit=300)}). Resume with the "
                     "same model, optimizer and loss scaling as the run that wrote it, or use "
                     "a new backup_dir.") from error
             except (tf.errors.OpError, IndexError) as error:  # missing or damaged files
-                warnings.warn(f"BackupAndResume: cannot restore {info.path} "
-                              f"({str(error).strip().splitlines()[0][:200]}); trying an older "
-                              "backup.", ResumeWarning, stacklevel=3)
+                reasons[info.path] = summarize_error(error)
+                warnings.warn(f"BackupAndResume: backup {info.path} could not be restored "
+                              f"({reasons[info.path]}); trying an older backup.",
+                              ResumeWarning, stacklevel=3)
                 continue
             return info
-        raise ValueError(
-            f"BackupAndResume: none of the backups in {self.backup_dir!r} "
-            f"({[i.path for i in infos]}) could be restored. Restore the files, or delete "
-            "the folder to start over.")
+        raise ValueError(self._none_restored(reasons))
+
+    def _none_restored(self, reasons):
+        """The one-line refusal when no backup of the folder can be restored."""
+        why = "; ".join(f"{os.path.basename(path)}: {reason}" for path, reason in reasons.items())
+        return (f"BackupAndResume: none of the backups in {self.backup_dir} could be restored "
+                f"({why}); nothing was deleted. Restore the files, or move the folder away (or "
+                "use another backup_dir) to start over.")
 
     def _start_guarded(self, info):
         """With a DivergenceGuard: restores its record from the backup resumed
@@ -401,7 +411,7 @@ class BackupAndResume(keras.callbacks.Callback):
             except (AssertionError, tf.errors.OpError, ValueError) as error:
                 warnings.warn(
                     f"BackupAndResume: the epoch's metric totals were not restored from {path} "
-                    f"({str(error).strip().splitlines()[0][:200]}); the logs of epoch {epoch} "
+                    f"({summarize_error(error)}); the logs of epoch {epoch} "
                     "cover only the batches run after resuming.", ResumeWarning, stacklevel=2)
 
     # -------------------------------------------------------------- backing up
