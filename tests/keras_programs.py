@@ -278,3 +278,82 @@ def assert_same_training(actual, expected, rtol=1e-5, atol=1e-6):
     for key, values in reference_history.items():
         assert key in history, f"{key!r} is missing from the logs: {sorted(history)}"
         np.testing.assert_allclose(history[key], values, rtol=rtol, atol=atol, err_msg=key)
+
+
+# ------------------------------------------------- fine-tuning (two phases)
+def fine_tuning(strategy=None):
+    """keras-io's transfer-learning guide in miniature: a "pretrained" base frozen
+    under a new head (base(x, training=False)), trained; then the base made
+    trainable and the model compiled again with a lower learning rate, trained
+    again. Returns `(model, fit arguments, unfreeze)`; `unfreeze(model)` is the
+    second phase's set-up, done in the strategy's scope as the guide says."""
+    with _scope(strategy):
+        base = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(6, "tanh"),
+                                 keras.layers.Dense(4, "tanh")], name="base")
+        features = keras.Input((FEATURES,))
+        head = keras.layers.Dense(1, name="head")(base(features, training=False))
+        model = keras.Model(features, head)
+        _initialise(model, seed=14)
+        base.trainable = False
+        model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    y = np.random.RandomState(15).standard_normal((ROWS, 1)).astype("float32")
+
+    def unfreeze(model):
+        with _scope(strategy):
+            model.get_layer("base").trainable = True
+            model.compile(keras.optimizers.SGD(0.01), "mse", metrics=["mae"])
+
+    return model, dict(x=_features(), y=y, batch_size=BATCH, epochs=2, shuffle=False), unfreeze
+
+
+def keras_fine_tune():
+    """Both phases with Keras's own `fit` on one device; returns `(weights, histories)`."""
+    model, arguments, unfreeze = fine_tuning()
+    first = model.fit(verbose=0, **arguments).history
+    unfreeze(model)
+    second = model.fit(verbose=0, **arguments).history
+    return [np.array(w) for w in model.get_weights()], {"first": first, "second": second}
+
+
+def tfdist_fine_tune(strategy):
+    """Both phases on one `Trainer` under `strategy`; returns `(weights, histories)`."""
+    model, arguments, unfreeze = fine_tuning(strategy)
+    trainer = Trainer(model)
+    first = trainer.fit(verbose=0, **arguments).history
+    unfreeze(model)
+    second = trainer.fit(verbose=0, **arguments).history
+    return [np.array(w) for w in model.get_weights()], {"first": first, "second": second}
+
+
+def assert_same_fine_tuning(actual, expected, rtol=1e-5, atol=1e-6):
+    """Weights and both phases' logs agree."""
+    (weights, histories), (reference_weights, reference_histories) = actual, expected
+    for phase in ("first", "second"):
+        assert_same_training((weights, histories[phase]),
+                             (reference_weights, reference_histories[phase]), rtol, atol)
+
+
+# ------------------------------------------------------------ ragged outputs
+class RaggedScorer(keras.Model):
+    """Scores every element of ragged sequences: a ragged input gives a ragged output."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.score = keras.layers.Dense(1)
+
+    def call(self, x):
+        return tf.ragged.map_flat_values(lambda values: self.score(values[:, None])[:, 0], x)
+
+
+def ragged_scorer(strategy=None):
+    """A model on ragged sequences (13 rows of 1-4 values, batches of 4: the last
+    batch has one row, so under 2 replicas one replica gets none)."""
+    rs = np.random.RandomState(16)
+    x = tf.ragged.constant([rs.standard_normal(rs.randint(1, 5)).astype("float32").tolist()
+                            for _ in range(13)], dtype=tf.float32)
+    with _scope(strategy):
+        model = RaggedScorer()
+        model(x[:1])
+        _initialise(model, seed=17)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model, dict(x=x, batch_size=4)

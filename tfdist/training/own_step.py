@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
 from tfdist.training.optimizer import gradients_averaged
+from tfdist.training.step import gather_replica_outputs
 
 
 class OwnStepFunctions:
@@ -87,8 +88,7 @@ class OwnStepFunctions:
 
     def _predict(self, batch):
         with keras_losses_unscaled():
-            outputs = self.strategy.run(self.model.predict_step, args=(batch,))
-        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
+            return gather_replica_outputs(self.strategy, self.model.predict_step, (batch,))
 
     def _loop(self, one_step, iterator, num_steps):
         done, logs = 0, None

@@ -363,8 +363,51 @@ class StepFunctions:
         self.micro_step.assign(0)
 
     def _predict_batch(self, data):
-        outputs = self.strategy.run(self._replica_predict, args=(data,))
-        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), outputs)
+        return gather_replica_outputs(self.strategy, self._replica_predict, (data,))
+
+
+def gather_replica_outputs(strategy, replica_fn, args):
+    """Runs `replica_fn(*args)` on every replica and gathers its outputs along the
+    batch axis, in replica order (all workers included), so every worker gets
+    the global batch's outputs in input order.
+
+    A `tf.RaggedTensor` output cannot be gathered by `strategy.gather`; it is
+    sent as its flat values and row lengths (dense tensors, gathered like any
+    other) and put together again, so ragged outputs stay ragged, as in Keras's
+    `predict`. Call it inside a `tf.function`.
+
+    Example:
+
+    >>> outputs = gather_replica_outputs(strategy, lambda batch: model(batch), (batch,))
+    """
+    structures = []
+
+    def replica(*replica_args):
+        outputs = replica_fn(*replica_args)
+        structures.append(outputs)
+        return [_ragged_parts(leaf) for leaf in tf.nest.flatten(outputs)]
+
+    parts = strategy.run(replica, args=args)
+    gathered = tf.nest.map_structure(lambda value: strategy.gather(value, axis=0), parts)
+    structure = structures[0]
+    leaves = [_from_parts(leaf, leaf_parts)
+              for leaf, leaf_parts in zip(tf.nest.flatten(structure), gathered, strict=True)]
+    return tf.nest.pack_sequence_as(structure, leaves)
+
+
+def _ragged_parts(value):
+    """A ragged tensor as dense tensors that gather by concatenation: its flat
+    values and the row lengths of each ragged dimension; any other value as itself."""
+    if isinstance(value, tf.RaggedTensor):
+        return (value.flat_values,) + tuple(value.nested_row_lengths())
+    return (value,)
+
+
+def _from_parts(like, parts):
+    if isinstance(like, tf.RaggedTensor):
+        return tf.RaggedTensor.from_nested_row_lengths(parts[0], list(parts[1:]),
+                                                       validate=False)
+    return parts[0]
 
 
 def run_steps(step, iterator, num_steps):

@@ -10,6 +10,8 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import (convert_to_np_if_not_ragged,
+                                                  potentially_ragged_concat)
 
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.compiled import check_hooks, compile_model
@@ -17,7 +19,8 @@ from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_s
                                     training_inputs, unpack)
 from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.model_hooks import own_hooks
-from tfdist.training.optimizer import check_optimizer, variables_outside_scope
+from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
+                                      variables_outside_scope)
 from tfdist.training.own_step import OwnStepFunctions
 from tfdist.training.pipeline import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
@@ -328,22 +331,19 @@ class Trainer:
         if jit_compile is not None and not isinstance(jit_compile, bool):
             raise ValueError(f"jit_compile must be True, False or None, got {jit_compile!r}.")
         _check_model_in_scope(model, self.strategy)
-        settings = compile_model(model, self.strategy, optimizer=optimizer, loss=loss,
-                                 metrics=metrics, loss_weights=loss_weights,
-                                 weighted_metrics=weighted_metrics)
+        self._compile_overrides = {
+            name: value for name, value in dict(
+                optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights,
+                weighted_metrics=weighted_metrics).items() if value is not None}
+        self._jit_compile_override = jit_compile
+        self._steps_per_execution_override = steps_per_execution
         self.model = model
         self.hooks = own_hooks(model)
-        self.jit_compile = settings.jit_compile if jit_compile is None else jit_compile
-        self.steps_per_execution = (settings.steps_per_execution if steps_per_execution is None
-                                    else steps_per_execution)
-        self.run_eagerly = settings.run_eagerly
         self.grad_accum_steps = grad_accum_steps
         self.clip_norm = None if clip_norm is None else float(clip_norm)
-        check_hooks(model, self.hooks, self.strategy, jit_compile=self.jit_compile,
-                    run_eagerly=self.run_eagerly, grad_accum_steps=grad_accum_steps,
-                    clip_norm=self.clip_norm)
-        if "train_step" not in self.hooks:
-            check_optimizer(model.optimizer, self.strategy, self.clip_norm)
+        self._use_compiled_settings(
+            compile_model(model, self.strategy, **self._compile_overrides))
+        self._followed = ModelState.of(model)
         self.model_parallel, self.micro_batches, self.stage_boundaries = (
             check_model_parallel_arguments(model_parallel, micro_batches, stage_boundaries))
         self._stages = None
@@ -357,6 +357,49 @@ class Trainer:
                 self.stage_plan = self._plan_stages()
         self._steps = None
         self._predict_steps = None
+
+    def _use_compiled_settings(self, settings):
+        """Takes the execution settings of the model's compile() (the trainer's own
+        jit_compile / steps_per_execution arguments win) and checks them."""
+        jit_compile = self._jit_compile_override
+        steps_per_execution = self._steps_per_execution_override
+        self.jit_compile = settings.jit_compile if jit_compile is None else jit_compile
+        self.steps_per_execution = (settings.steps_per_execution if steps_per_execution is None
+                                    else steps_per_execution)
+        self.run_eagerly = settings.run_eagerly
+        check_hooks(self.model, self.hooks, self.strategy, jit_compile=self.jit_compile,
+                    run_eagerly=self.run_eagerly, grad_accum_steps=self.grad_accum_steps,
+                    clip_norm=self.clip_norm)
+        if "train_step" not in self.hooks:
+            check_optimizer(self.model.optimizer, self.strategy, self.clip_norm)
+
+    def _follow_model(self):
+        """Follows the model as Keras's `fit` does: after a new `model.compile()`
+        (optimizer, loss, loss weights, metrics, jit_compile, steps_per_execution),
+        a new `model.optimizer` or a change of its trainable variables (a layer's
+        `trainable` set), the step functions are built again for the model as it
+        is now; an unchanged model keeps them. The trainer's own arguments still
+        override the compiled ones."""
+        state = ModelState.of(self.model)
+        if state.same_as(self._followed):
+            return
+        if self.model_parallel > 1:
+            raise ValueError(
+                f"The model {self.model.name!r} was compiled again or its trainable "
+                "variables changed after its Trainer(model_parallel="
+                f"{self.model_parallel}) split it into stages, which cannot follow the "
+                "change. Create a new Trainer for the changed model.")
+        if state.compile_config is not self._followed.compile_config:
+            self._use_compiled_settings(
+                compile_model(self.model, self.strategy, **self._compile_overrides))
+            state = ModelState.of(self.model)
+        elif state.optimizer is not self._followed.optimizer and "train_step" not in self.hooks:
+            check_optimizer(self.model.optimizer, self.strategy, self.clip_norm)
+        if "train_step" not in self.hooks:
+            _check_optimizer_knows(self.model, self.optimizer)
+        self._steps = None
+        self._predict_steps = None
+        self._followed = state
 
     @property
     def optimizer(self):
@@ -422,6 +465,7 @@ class Trainer:
         >>> history.history["loss"], history.history["val_loss"]
         """
         _check_positive_int("epochs", epochs, allow_zero=True)
+        self._follow_model()
         if steps_per_epoch is not None:
             _check_positive_int("steps_per_epoch", steps_per_epoch)
         _check_positive_int("validation_freq", validation_freq)
@@ -481,8 +525,10 @@ class Trainer:
             return_dict: return `{name: value}` instead of a list.
 
         Returns:
-            The loss (a float) when there are no metrics, else a list
-            `[loss, metric, ...]`, or a dict with `return_dict=True`.
+            The loss (a float) when there are no metrics, else a list in
+            Keras's order (`model.metrics_names`: the loss, each output's
+            loss, then the compiled metrics), or a dict with
+            `return_dict=True`.
 
         Example:
 
@@ -491,6 +537,7 @@ class Trainer:
         """
         if steps is not None:
             _check_positive_int("steps", steps)
+        self._follow_model()
         if _is_parameter_server(self.strategy):
             _refuse_array_arguments("evaluate", y=y, batch_size=batch_size,
                                     sample_weight=sample_weight)
@@ -506,8 +553,7 @@ class Trainer:
             logs = self._evaluate_data(data, steps, callback_list)
         if return_dict:
             return logs
-        values = list(logs.values())
-        return values[0] if len(values) == 1 else values
+        return self.model._flatten_metrics_in_order(logs)  # Keras's order (metrics_names)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Runs the model in inference mode and returns numpy outputs in input order.
@@ -527,7 +573,9 @@ class Trainer:
             callbacks: list of `keras.callbacks.Callback`.
 
         Returns:
-            A numpy array (or a structure of them, like the model's outputs).
+            A numpy array (or a structure of them, like the model's outputs);
+            as in Keras, a `tf.RaggedTensor` for a ragged output (or one whose
+            non-batch shape differs between batches).
 
         Example:
 
@@ -535,6 +583,7 @@ class Trainer:
         """
         if steps is not None:
             _check_positive_int("steps", steps)
+        self._follow_model()
         if _is_parameter_server(self.strategy):
             _refuse_array_arguments("predict", batch_size=batch_size)
             predict_function, data = parameter_server.predict_batches(self, x)
@@ -557,8 +606,7 @@ class Trainer:
         callback_list.on_predict_end()
         if not outputs:
             raise ValueError("predict() received no batches: the input is empty.")
-        return tf.nest.map_structure(lambda *parts: np.concatenate([p.numpy() for p in parts]),
-                                     *outputs)
+        return _concatenate_batches(outputs)
 
     # ------------------------------------------------------------- the loop
     def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
@@ -724,6 +772,8 @@ class Trainer:
             _check_model_in_scope(self.model, self.strategy)
         if mode == "train" and "train_step" in self.hooks:
             _check_own_optimizers_built(self.model, self.strategy)
+        # Building the model above is no change to follow (see _follow_model).
+        self._followed = ModelState.of(self.model)
         compile_loss = self.model._compile_loss
         if self._steps is None and compile_loss is not None and not compile_loss.built:
             # predict() before any fit/evaluate: the compiled loss is only
@@ -786,6 +836,69 @@ class Trainer:
             function = hook.replace("_step", "_function")
             setattr(engine, function, getattr(model_steps, function))
         return engine
+
+
+class ModelState(collections.namedtuple(
+        "ModelState", ["compile_config", "optimizer", "trainable_variables"])):
+    """What a `Trainer`'s step functions were built for: the model's compile
+    (Keras makes a new `_compile_config` at every `compile()`), its optimizer
+    and its trainable variables. Compared by identity, so checking costs no
+    more than listing the variables.
+
+    Example:
+
+    >>> state = ModelState.of(model)
+    >>> model.compile(keras.optimizers.SGD(0.01), "mse")
+    >>> state.same_as(ModelState.of(model))
+    False
+    """
+
+    @classmethod
+    def of(cls, model):
+        """The model's current state.
+
+        Example:
+
+        >>> ModelState.of(model).optimizer is model.optimizer
+        True
+        """
+        return cls(getattr(model, "_compile_config", None), getattr(model, "optimizer", None),
+                   tuple(model.trainable_variables))
+
+    def same_as(self, other):
+        """True when both states hold the very same objects.
+
+        Example:
+
+        >>> ModelState.of(model).same_as(ModelState.of(model))
+        True
+        """
+        return (self.compile_config is other.compile_config
+                and self.optimizer is other.optimizer
+                and len(self.trainable_variables) == len(other.trainable_variables)
+                and all(a is b for a, b in zip(self.trainable_variables,
+                                               other.trainable_variables)))
+
+
+def _check_optimizer_knows(model, optimizer):
+    """A built optimizer updates only the variables it was built for; a layer
+    made trainable after that (fine-tuning) needs a new optimizer, as in Keras."""
+    if optimizer is None or not optimizer.built:
+        return
+    known = {id(v) for opt in optimizer_chain(optimizer)
+             for v in getattr(opt, "_trainable_variables", ())}
+    if not known:
+        return
+    unknown = [v.path for v in model.trainable_variables if id(v) not in known]
+    if unknown:
+        raise ValueError(
+            f"The model {model.name!r} has trainable variables that its optimizer "
+            f"{optimizer.name!r} was not built for ({', '.join(unknown[:3])}"
+            f"{' ...' if len(unknown) > 3 else ''}): a layer was made trainable after the "
+            "optimizer started. Compile the model again with a new optimizer inside "
+            "strategy.scope() (e.g. model.compile(optimizer=keras.optimizers.SGD(0.01), "
+            "loss=..., metrics=...), as Keras's fine-tuning guide does), then call fit "
+            "again.")
 
 
 def _is_parameter_server(strategy):
@@ -862,6 +975,15 @@ def _current_learning_rate(optimizer):
         return float(value.numpy() if hasattr(value, "numpy") else value)
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def _concatenate_batches(outputs):
+    """The batches' outputs joined along the batch axis as Keras's `predict` joins
+    them: numpy arrays, or a `tf.RaggedTensor` for ragged outputs (and for
+    outputs whose non-batch shape differs between batches)."""
+    joined = tf.nest.map_structure(lambda *parts: potentially_ragged_concat(list(parts)),
+                                   *outputs)
+    return tf.nest.map_structure(convert_to_np_if_not_ragged, joined)
 
 
 def _pythonify(logs):
