@@ -1,7 +1,8 @@
 """Damaged TFRecord files: named when a read fails, skipped and counted when asked.
 
 Real files: written with tf.io.TFRecordWriter, then damaged by flipping bytes of
-one record's payload, or cut short.
+one record's payload, or cut short (inside a record's header, its data or its
+data's CRC).
 """
 
 import numpy as np
@@ -10,8 +11,9 @@ import tensorflow as tf
 
 from damage_util import damage_payload, record_offsets
 from tfdist.data import (CorruptDataError, ImageNetTFRecordSource, SkippedRecords, TFRecordSource,
-                         explain_data_loss, find_corrupt_tfrecords, make_dataset_fn, make_source,
-                         read_tfrecords, write_image_tfrecords, write_token_tfrecords)
+                         check_tfrecord_tails, explain_data_loss, find_corrupt_tfrecords,
+                         find_cut_tfrecords, make_dataset_fn, make_source, read_tfrecords,
+                         write_image_tfrecords, write_token_tfrecords)
 
 RECORDS_PER_FILE = 25
 
@@ -175,3 +177,90 @@ def test_imagenet_tfrecords_skip_a_damaged_file(tmp_path):
     fn = make_dataset_fn(source, 1, training=False, repeat=False, drop_remainder=False)
     assert count(fn(None)) == 6 + 2
     assert [(d.path, d.record_index) for d in source.skipped.files] == [(paths[0], 2)]
+
+
+# ---- files cut short ------------------------------------------------------------
+
+# Where in record 200 a file is cut, from the record's data length: 7 bytes
+# into the 12-byte header (length and its CRC), 30 bytes (inside the data), or
+# 2 bytes before the end of the data's 4-byte CRC.
+CUTS = {"header": lambda length: 7, "data": lambda length: 30,
+        "footer_crc": lambda length: 12 + length + 2}
+
+
+def cut_into_last_record(tmp_path, where):
+    """201 token records; the file cut inside record 200 (`where`: a key of CUTS).
+
+    Returns (path, start of record 200, bytes of it left, the cut file's size)."""
+    [path] = write_token_tfrecords([[1, 5, 6, 3] * 10] * 201, str(tmp_path / "cut"))
+    start, length = record_offsets(path)[200]
+    into = CUTS[where](length)
+    assert 0 < into < length + 16
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:start + into])
+    return path, start, into, start + into
+
+
+@pytest.mark.parametrize("where", sorted(CUTS))
+def test_a_file_cut_inside_its_last_record_is_an_error_naming_file_record_and_byte(tmp_path,
+                                                                                   where):
+    path, start, into, size = cut_into_last_record(tmp_path, where)
+    with pytest.raises(CorruptDataError) as caught:
+        TFRecordSource(path, sequence_length=8, vocab_size=8)
+    message = str(caught.value)
+    assert message.startswith(
+        f"Corrupt TFRecord data: {path}: record 200 (starts at byte {start} of {size}): the file "
+        f"ends {into} byte(s) into ")
+    assert "--skip-corrupt-records" in message and "Re-create or remove" in message
+    [damage] = find_cut_tfrecords([path]).damaged
+    assert (damage.record_index, damage.byte_offset, damage.size) == (200, start, size)
+    # explain_data_loss's search finds it too (TensorFlow names no file).
+    [found] = find_corrupt_tfrecords([path]).damaged
+    assert (found.record_index, found.byte_offset) == (200, start)
+
+
+def test_tensorflow_reads_a_file_cut_inside_a_record_header_without_a_word(tmp_path):
+    # Why the framing is walked when a source is made: TensorFlow stops silently.
+    path, _, _, _ = cut_into_last_record(tmp_path, "header")
+    assert count(tf.data.TFRecordDataset(path)) == 200
+
+
+@pytest.mark.parametrize("where", sorted(CUTS))
+def test_a_cut_file_is_skipped_and_counted_with_skip_corrupt_records(tmp_path, where):
+    path, start, into, size = cut_into_last_record(tmp_path, where)
+    source = TFRecordSource(path, sequence_length=39, vocab_size=8, skip_corrupt_records=True)
+    fn = make_dataset_fn(source, 1, training=False, repeat=False, drop_remainder=False)
+    assert count(fn(None)) == 200
+    [damage] = source.skipped.files
+    assert (damage.path, damage.record_index, damage.byte_offset, damage.size) == (
+        path, 200, start, size)
+    assert source.skipped.summary().startswith(f"1 damaged file, {into} bytes not read: ")
+
+
+def test_whole_files_pass_the_framing_walk_and_compressed_files_are_not_walked(tmp_path):
+    paths = token_files(tmp_path, num_files=3)
+    result = find_cut_tfrecords(paths)
+    assert result.complete and result.scanned == 3 and result.damaged == ()
+    gzip_path = str(tmp_path / "z.tfrecord")
+    with tf.io.TFRecordWriter(gzip_path, options="GZIP") as writer:
+        writer.write(b"x" * 100)
+    source = TFRecordSource(gzip_path, sequence_length=4, vocab_size=8, compression_type="GZIP")
+    assert source.compression_type == "GZIP"
+
+
+def test_the_framing_walk_says_what_it_did_not_check_in_its_time(tmp_path, caplog):
+    paths = token_files(tmp_path, num_files=2)
+    with caplog.at_level("WARNING", logger="tfdist.data"):
+        check_tfrecord_tails(paths, time_budget=0)
+    [warning] = [r.getMessage() for r in caplog.records if "record framing" in r.getMessage()]
+    assert "0 of 2 TFRecord file(s)" in warning and "other 2" in warning
+
+
+def test_an_imagenet_tfrecord_cut_short_is_an_error(tmp_path):
+    images = np.zeros((4, 8, 8, 3), dtype=np.uint8)
+    [path] = write_image_tfrecords(images, [0, 1, 2, 0], str(tmp_path / "train"))
+    start, _ = record_offsets(path)[3]
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:start + 5])
+    with pytest.raises(CorruptDataError, match=rf"{path}: record 3 \(starts at byte {start}"):
+        ImageNetTFRecordSource(path, num_classes=3, image_size=8)

@@ -198,7 +198,7 @@ def test_make_source_maps_dataset_strings_to_sources(tmp_path):
     assert isinstance(default, EmbeddedTaskSource) and default.task == "reverse"
     sort = make_source("embedded:sort", num_examples=16, payload_length=4, seed=None)
     assert (sort.task, sort.num_examples, sort.sequence_length) == ("sort", 16, 10)
-    (tmp_path / "a.txt").write_text("hello\n")
+    (tmp_path / "a.txt").write_text("hello, world\n")  # 13 tokens: one example of 8 + 1
     text = make_source(f"text:{tmp_path}/*.txt", sequence_length=8)
     assert isinstance(text, TextSource) and text.files == (f"{tmp_path}/a.txt",)
     write_token_tfrecords([[1, 5, 3]], str(tmp_path / "tok"))

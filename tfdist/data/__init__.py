@@ -18,16 +18,17 @@ see `tfdist.data.images`) yield `(image, label)`: `[H, W, C]` images in the
 Keras policy's compute dtype and int32 labels in `[0, source.num_classes)`.
 """
 
-from tfdist.data.corruption import (CorruptDataError, SkippedRecords, explain_data_loss,
-                                     find_corrupt_tfrecords, read_tfrecords)
+from tfdist.data.corruption import (CorruptDataError, SkippedRecords, check_tfrecord_tails,
+                                     explain_data_loss, find_corrupt_tfrecords, find_cut_tfrecords,
+                                     read_tfrecords)
 from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
 from tfdist.data.factory import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES, dataset_scheme,
                                   make_source, make_validation_source, skip_corrupt_option)
-from tfdist.data.files import expand_files
+from tfdist.data.files import NoExamplesError, check_holds_examples, expand_files
 from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
                                 ShapesSource, TFDSImageSource, write_image_tfrecords)
-from tfdist.data.pipeline import (DatasetFn, distribute_dataset, make_dataset_fn,
-                                  per_replica_batch_size)
+from tfdist.data.pipeline import (DatasetFn, count_examples, describe_epoch_passes,
+                                  distribute_dataset, make_dataset_fn, per_replica_batch_size)
 from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
 from tfdist.data.source import ArraySource, SequenceSource, Source
 from tfdist.data.text import TextSource
@@ -41,6 +42,7 @@ __all__ = [
     "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "CorruptDataError", "DatasetFn",
     "DatasetNotPreparedError", "SkippedRecords", "TFRECORD_SCHEMES", "explain_data_loss",
     "find_corrupt_tfrecords", "read_tfrecords", "skip_corrupt_option",
+    "NoExamplesError", "check_holds_examples", "count_examples", "describe_epoch_passes", "check_tfrecord_tails", "find_cut_tfrecords",
     "EOS_ID", "EmbeddedTaskSource", "FILE", "IMAGE_SCHEMES", "ImageFolderSource",
     "ImageNetTFRecordSource", "ImageSource", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
     "ShapesSource", "TFDSImageSource",

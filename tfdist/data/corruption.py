@@ -9,6 +9,12 @@ file, and only once training reaches it. Here:
   index and byte offset).
 * `explain_data_loss(error, sources)` turns such a `DataLossError` into a
   `CorruptDataError` (a `ValueError`) that names the file(s) and the way out.
+* `find_cut_tfrecords(files)` walks the record framing of uncompressed
+  files (one 8-byte length read per record) for a file that ends inside a
+  record: TensorFlow reads a file cut inside a record's 12-byte header as
+  if it ended cleanly before that record, without a word.
+  `check_tfrecord_tails(files)` (TFRecord sources call it when created)
+  raises a `CorruptDataError` for such a file.
 * `read_tfrecords(path, skipped=log)` reads one file; with a
   `SkippedRecords` log, a damaged file ends at its last readable record and
   the log notes what was skipped. TFRecord framing cannot be trusted after a
@@ -28,7 +34,9 @@ Example:
 import collections
 import dataclasses
 import logging
+import os
 import re
+import struct
 import threading
 import time
 
@@ -46,7 +54,14 @@ DEFAULT_SCAN_SECONDS = 60.0
 SKIP_HINT = ("pass skip_corrupt_records=True (the recipes' --skip-corrupt-records) to skip the "
              "rest of a damaged file and count what was skipped")
 
+FRAMING_CHECK_SECONDS = 20.0
+"""How long `check_tfrecord_tails` walks record framing at most (then it warns)."""
+
+HEADER_BYTES = 12
+"""Bytes before a record's data: its length (8) and the length's CRC (4)."""
+
 _SCAN_CHUNK = 1024
+_WALK_BUFFER = 4096
 _OFFSET = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 
@@ -153,6 +168,86 @@ def find_corrupt_tfrecords(files, compression_type="", time_budget=DEFAULT_SCAN_
             damaged.append(DamagedFile(path, record_index, offset, sizes[path], reason))
     return ScanResult(damaged=tuple(damaged), scanned=scanned, total=len(files),
                       complete=scanned == len(files))
+
+
+def find_cut_tfrecords(files, time_budget=FRAMING_CHECK_SECONDS):
+    """Walks the record framing of uncompressed TFRecord files; returns those cut short.
+
+    Only each record's 8-byte length is read (the data is skipped), so the
+    cost is one small read per record. A file whose last record runs past
+    its end (a copy cut short, or a damaged length) is damaged at that
+    record. TensorFlow reads a file cut inside a record's 12-byte header as
+    if it ended cleanly before it; a file cut later fails only when reading
+    reaches it.
+
+    Args:
+        files: paths of uncompressed TFRecord files.
+        time_budget: seconds to spend at most; files not reached are
+            counted as not scanned.
+
+    Returns:
+        A `ScanResult`; each `DamagedFile` names the record the file ends
+        inside, where it starts, and why.
+
+    Example:
+
+    >>> result = find_cut_tfrecords(["/data/a.tfrecord", "/data/b.tfrecord"])
+    >>> [damage.describe() for damage in result.damaged]
+    ['/data/b.tfrecord: record 199 (starts at byte 14726 of 14733)']
+    """
+    files = list(dict.fromkeys(files))
+    deadline = time.monotonic() + time_budget
+    damaged, scanned = [], 0
+    for path in files:
+        try:
+            found = _cut_record(path, deadline)
+        except TimeoutError:
+            break
+        scanned += 1
+        if found is not None:
+            damaged.append(found)
+    return ScanResult(damaged=tuple(damaged), scanned=scanned, total=len(files),
+                      complete=scanned == len(files))
+
+
+def check_tfrecord_tails(files, compression_type="", time_budget=FRAMING_CHECK_SECONDS):
+    """Raises a `CorruptDataError` when a TFRecord file ends inside a record.
+
+    Uncompressed files only (a compressed file's framing cannot be walked
+    without decompressing it; they are left to TensorFlow's reader). When
+    the time budget runs out, a warning on the `tfdist.data` logger says how
+    many files were not checked.
+
+    Args:
+        files: the TFRecord files.
+        compression_type: `""`, `"GZIP"` or `"ZLIB"`.
+        time_budget: seconds to spend at most.
+
+    Raises:
+        CorruptDataError: a file is cut short; the message names the file,
+            the record, its byte offset and the way out.
+
+    Example:
+
+    >>> check_tfrecord_tails(["/data/cut.tfrecord"])
+    Traceback (most recent call last):
+    ...
+    CorruptDataError: Corrupt TFRecord data: /data/cut.tfrecord: record 199 (starts at byte ...
+    """
+    if compression_type:
+        return
+    result = find_cut_tfrecords(files, time_budget)
+    if result.damaged:
+        shown = "; ".join(f"{damage.describe()}: {damage.reason}" for damage in result.damaged[:5])
+        more = f"; and {len(result.damaged) - 5} more" if len(result.damaged) > 5 else ""
+        raise CorruptDataError(
+            f"Corrupt TFRecord data: {shown}{more}. Re-create or remove the damaged file(s), "
+            f"or {SKIP_HINT}.")
+    if not result.complete:
+        logger.warning(
+            "Checked the record framing of %d of %d TFRecord file(s) in %g s; a file among the "
+            "other %d that is cut inside a record header would end early without an error.",
+            result.scanned, result.total, time_budget, result.total - result.scanned)
 
 
 def explain_data_loss(error, sources, time_budget=DEFAULT_SCAN_SECONDS):
@@ -398,7 +493,7 @@ def _scan_file(path, compression_type, deadline):
         try:
             chunk = next(chunks).numpy()
         except StopIteration:
-            return None
+            return None if compression_type else _cut_header(path, records, offset)
         except tf.errors.OpError:
             break
         records += len(chunk)
@@ -410,6 +505,55 @@ def _scan_file(path, compression_type, deadline):
         records += 1
         offset += int(length) + FRAMING_BYTES
     return None
+
+
+def _cut_header(path, records, offset):
+    """(record_index, byte_offset, reason) when a file TensorFlow read to `offset`
+    is longer: cut inside the next record's header, which TensorFlow does not
+    report. None when the file ends at `offset`."""
+    size = _size(path)
+    if size is None or offset >= size:
+        return None
+    return records, offset, _cut_reason(size - offset, None)
+
+
+def _cut_reason(left, length):
+    if length is None:
+        return (f"the file ends {left} byte(s) into the record's {HEADER_BYTES}-byte header "
+                "(cut short)")
+    return (f"the file ends {left} byte(s) into this {length + FRAMING_BYTES}-byte record "
+            "(cut short, or its length is damaged)")
+
+
+def _cut_record(path, deadline):
+    """The `DamagedFile` of the record `path` ends inside, or None."""
+    size = _size(path)
+    if size is None:
+        return None
+    records, position = 0, 0
+    with _open_binary(path) as stream:
+        while position < size:
+            if records % _SCAN_CHUNK == 0 and time.monotonic() > deadline:
+                raise TimeoutError(path)
+            stream.seek(position)
+            header = stream.read(8)
+            if len(header) < 8 or size - position < HEADER_BYTES:
+                return DamagedFile(path, records, position, size,
+                                   _cut_reason(size - position, None))
+            (length,) = struct.unpack("<Q", header)
+            end = position + length + FRAMING_BYTES
+            if end > size:
+                return DamagedFile(path, records, position, size,
+                                   _cut_reason(size - position, length))
+            records, position = records + 1, end
+    return None
+
+
+def _open_binary(path):
+    """A local file through a small buffer (reads of the length skip the data), else gfile."""
+    if "://" not in str(path) and os.path.exists(path):
+        return open(path, "rb", buffering=_WALK_BUFFER)
+    return tf.io.gfile.GFile(path, "rb")
 
 
 def _guarded(dataset):

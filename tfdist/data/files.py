@@ -39,3 +39,61 @@ def expand_files(patterns):
             raise FileNotFoundError(f"No files match {pattern!r}.")
         found.update(matches)
     return tuple(sorted(found))
+
+
+class NoExamplesError(ValueError):
+    """The input files hold no example; the message names them and the way out."""
+
+
+def check_holds_examples(files, min_bytes=1, *, too_short=None, where=None):
+    """Raises `NoExamplesError` when `files` cannot hold a single example.
+
+    The files are stat-ed one by one until they hold `min_bytes` bytes in
+    all (usually the first one does), so this costs a stat or two. Files
+    that cannot be stat-ed count as holding enough.
+
+    Args:
+        files: the paths, in reading order.
+        min_bytes: bytes the files must hold in all for one example (an
+            upper bound of the example's size in bytes, so that fewer bytes
+            certainly mean no example).
+        too_short: for files that hold some bytes but fewer than
+            `min_bytes`: what one example needs and the way out, e.g.
+            "the 129 tokens of one example (--sequence-length 128 + 1);
+            use more text or a shorter --sequence-length".
+        where: what the files are, when not the whole source, e.g.
+            "the files of input pipeline 1 of 2".
+
+    Raises:
+        NoExamplesError: every file is empty (they are named), or together
+            they hold fewer than `min_bytes` bytes.
+
+    Example:
+
+    >>> check_holds_examples(["/data/empty.txt"])
+    Traceback (most recent call last):
+    ...
+    NoExamplesError: No examples in /data/empty.txt: the file is empty (0 bytes). ...
+    """
+    files = list(files)
+    total = 0
+    for path in files:
+        try:
+            total += int(tf.io.gfile.stat(path).length)
+        except (tf.errors.OpError, OSError):
+            return
+        if total >= min_bytes:
+            return
+    if not files:
+        return
+    named = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    place = f" ({where})" if where else ""
+    if total == 0:
+        what = ("the file is empty (0 bytes)" if len(files) == 1
+                else f"all {len(files)} files are empty (0 bytes)")
+        raise NoExamplesError(
+            f"No examples in {named}{place}: {what}. Check the file(s) (an interrupted copy or "
+            "download?) or point the dataset at the data.")
+    raise NoExamplesError(
+        f"No examples in {named}{place}: {total} byte(s) in all, fewer than "
+        f"{too_short or f'the {min_bytes} bytes of one example'}.")

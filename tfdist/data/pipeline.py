@@ -19,16 +19,22 @@ dataset (`repeat=True`, the default when training) with a fixed
 worker that runs out first leaves the others waiting in an all-reduce.
 """
 
+import contextlib
 import logging
+import time
 
 import tensorflow as tf
 
 from tfdist.data import sharding
+from tfdist.data.files import check_holds_examples
 
 logger = logging.getLogger("tfdist.data")
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
 DEFAULT_DETERMINISTIC_SEED = 0
+COUNT_SECONDS = 5.0
+"""How long `count_examples` reads a source whose size it does not know, at most."""
+_COUNT_CHUNK = 1024
 
 
 def per_replica_batch_size(global_batch_size, num_replicas):
@@ -138,6 +144,9 @@ class DatasetFn:
         plan = sharding.plan_sharding(source.num_files, input_context.num_input_pipelines,
                                       input_context.input_pipeline_id, files=files)
         self.plans[plan.index] = plan
+        if plan.mode == sharding.FILE and plan.count > 1:
+            check_holds_examples(plan.files, where=f"the files of input pipeline {plan.index} of "
+                                                   f"{plan.count}, sharded by file")
         logger.info("%s; per-replica batch %d (global %d over %d replicas); source: %s",
                     plan.describe(), batch_size, self.global_batch_size,
                     input_context.num_replicas_in_sync, source.describe())
@@ -274,3 +283,112 @@ def distribute_dataset(strategy, source, global_batch_size, *, input_options=Non
         # pipeline on every worker (sharded by worker) and evaluates on the chief.
         return dataset_fn
     return strategy.distribute_datasets_from_function(dataset_fn, options=input_options)
+
+
+def count_examples(source, limit=None, time_budget=COUNT_SECONDS):
+    """The number of examples in `source`: known, or counted by reading it.
+
+    A source that knows its size (`num_examples`) is not read. Otherwise its
+    examples are counted in one pass (sequence sources: decoded and packed
+    as training sees them; other sources: one example per record), stopping
+    at `limit` examples or after `time_budget` seconds. Skipped corrupt
+    records are not noted in the source's `skipped` log by this pass.
+
+    Args:
+        source: a `tfdist.data.Source`.
+        limit: stop counting after this many examples (None: count all).
+        time_budget: seconds to spend reading at most.
+
+    Returns:
+        The number of examples, or None when it is unknown: more than
+        `limit`, the time budget ran out, or the source cannot be read
+        whole (e.g. a damaged file; training reports that).
+
+    Example:
+
+    >>> count_examples(make_source("text:/data/small.txt", sequence_length=64))
+    55
+    """
+    known = source.num_examples
+    if known is not None:
+        return known if limit is None or known <= limit else None
+    deadline = time.monotonic() + time_budget
+    counted = 0
+    try:
+        with _without_skipped_log(source):
+            sizes = _examples(source)
+            if limit is not None:
+                sizes = sizes.take(limit + 1)
+            sizes = sizes.batch(_COUNT_CHUNK).map(lambda chunk: tf.shape(chunk)[0])
+        for size in sizes:
+            counted += int(size)
+            if (limit is not None and counted > limit) or time.monotonic() > deadline:
+                return None
+    except (tf.errors.OpError, NotImplementedError, ValueError, TypeError) as error:
+        logger.info("count_examples: %s not counted (%s).", source.describe(), error)
+        return None
+    return counted
+
+
+def describe_epoch_passes(source, global_batch_size, steps_per_epoch, *,
+                          time_budget=COUNT_SECONDS, steps_name="--steps-per-epoch"):
+    """The line to say when one training epoch reads the data more than once, else None.
+
+    Training repeats its dataset (`repeat=True`), so `steps_per_epoch` x
+    `global_batch_size` beyond the number of examples reads them again
+    inside the epoch, without an error. Call it once, before training, and
+    log the line as a warning.
+
+    Args:
+        source: the training `Source`.
+        global_batch_size: examples per step over all replicas.
+        steps_per_epoch: steps in one epoch.
+        time_budget: seconds to count a source that does not know its size
+            (`count_examples`); when the count is not done by then, None.
+        steps_name: how the line names the steps per epoch.
+
+    Returns:
+        A line such as "--steps-per-epoch 300 x global batch 32 = 9600
+        examples per epoch, 174.5 passes over the 55 training examples: each
+        epoch repeats the data", or None when an epoch reads each example at
+        most once (or the count is unknown).
+
+    Example:
+
+    >>> line = describe_epoch_passes(train_source, 32, 300)
+    >>> if line:
+    ...     logging.getLogger("tfdist").warning(line)
+    """
+    per_epoch = int(steps_per_epoch) * int(global_batch_size)
+    examples = count_examples(source, limit=per_epoch, time_budget=time_budget)
+    if not examples or examples >= per_epoch:
+        return None
+    return (f"{steps_name} {steps_per_epoch} x global batch {global_batch_size} = {per_epoch} "
+            f"examples per epoch, {per_epoch / examples:.1f} passes over the {examples} training "
+            "examples: each epoch repeats the data")
+
+
+def _examples(source):
+    """Every example of `source` (one element per example), for counting."""
+    from tfdist.data.source import SequenceSource
+
+    records = source.read_all()
+    if not isinstance(source, SequenceSource):
+        return records.map(lambda *_: 0)  # one record, one example
+    decoded = records.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True)
+    return source.to_examples(decoded).map(lambda *_: 0)
+
+
+@contextlib.contextmanager
+def _without_skipped_log(source):
+    """Builds datasets whose skipped records go to a throwaway log, not the source's."""
+    skipped = getattr(source, "skipped", None)
+    if skipped is None:
+        yield
+        return
+    source.skipped = type(skipped)()
+    try:
+        yield
+    finally:
+        source.skipped = skipped

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfdist.data.files import expand_files
+from tfdist.data.files import check_holds_examples, expand_files
 from tfdist.data.source import SequenceSource
 from tfdist.data.tokens import ByteVocabulary
 
@@ -32,6 +32,8 @@ class TextSource(SequenceSource):
 
     Raises:
         FileNotFoundError: the pattern matches no file.
+        NoExamplesError: the files are empty, or hold too few bytes for one
+            example (a `ValueError` naming them).
         ValueError: unknown vocabulary or bad sequence_length.
 
     Example:
@@ -48,6 +50,7 @@ class TextSource(SequenceSource):
         self.sequence_length = sequence_length
         self.pack = bool(pack)
         self.keep_record_order = self.pack
+        self._check_holds_examples()
         if isinstance(vocabulary, ByteVocabulary):
             self.vocabulary = vocabulary
         elif vocabulary == "bytes":
@@ -58,6 +61,18 @@ class TextSource(SequenceSource):
             raise ValueError(f"Unknown vocabulary {vocabulary!r}; valid: "
                              f"{', '.join(VOCABULARIES)} or a ByteVocabulary.")
         self.vocab_size = self.vocabulary.vocab_size
+
+    def _check_holds_examples(self):
+        window = self.sequence_length + 1
+        if not self.pack:  # a line is an example: one byte makes a line
+            check_holds_examples(self.files)
+            return
+        # A token per byte, plus a newline for a last line without one.
+        check_holds_examples(
+            self.files, max(1, window - len(self.files)),
+            too_short=f"the {window} tokens (a token per byte) of one example of "
+                      f"sequence_length {self.sequence_length} + 1; use more text or a smaller "
+                      "sequence_length (the recipes' --sequence-length)")
 
     def read_file(self, path):
         return tf.data.TextLineDataset(path).batch(LINES_PER_RECORD)

@@ -5,8 +5,9 @@ import posixpath
 
 import tensorflow as tf
 
-from tfdist.data.corruption import explain_data_loss, read_tfrecords, skipped_records_log
-from tfdist.data.files import expand_files
+from tfdist.data.corruption import (check_tfrecord_tails, explain_data_loss, read_tfrecords,
+                                    skipped_records_log)
+from tfdist.data.files import check_holds_examples, expand_files
 from tfdist.data.source import SequenceSource
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED, ByteVocabulary
 
@@ -54,8 +55,12 @@ class TFRecordSource(SequenceSource):
 
     Raises:
         FileNotFoundError: the pattern matches no file.
+        NoExamplesError: the files are empty, or hold too few bytes for one
+            packed example (a `ValueError` naming them).
         ValueError: unknown format, or bad sizes.
-        CorruptDataError: the vocab_size scan met a damaged file.
+        CorruptDataError: a file ends inside a record (cut short; checked
+            for uncompressed files when not skipping corrupt records), or
+            the vocab_size scan met a damaged file.
 
     Example:
 
@@ -78,6 +83,7 @@ class TFRecordSource(SequenceSource):
         self.compression_type = compression_type or ""
         self.skipped = skipped_records_log(skip_corrupt_records, self.compression_type)
         self.pack = (format != "tokens") if pack is None else bool(pack)
+        self._check_files()
         if format == "tokens":
             if vocabulary is not None:
                 raise ValueError("vocabulary applies to text formats; for format='tokens' pass "
@@ -95,6 +101,20 @@ class TFRecordSource(SequenceSource):
                                  "vocabulary=ByteVocabulary(...).")
             self.vocabulary = vocabulary or ByteVocabulary()
             self.vocab_size = self.vocabulary.vocab_size
+
+    def _check_files(self):
+        window = self.sequence_length + 1
+        if self.pack and not self.compression_type:
+            # A record of N bytes holds at most N + 2 tokens, and 16 bytes of framing.
+            check_holds_examples(
+                self.files, window,
+                too_short=f"the {window} tokens of one example of sequence_length "
+                          f"{self.sequence_length} + 1; use more data or a smaller "
+                          "sequence_length (the recipes' --sequence-length)")
+        else:
+            check_holds_examples(self.files)
+        if self.skipped is None:  # when skipping, reading notes a file cut short
+            check_tfrecord_tails(self.files, self.compression_type)
 
     def read_file(self, path):
         return read_tfrecords(path, self.compression_type, self.skipped)

@@ -13,8 +13,8 @@ least as many files as pipelines (the reference has 1024 train shards).
 
 import tensorflow as tf
 
-from tfdist.data.corruption import read_tfrecords, skipped_records_log
-from tfdist.data.files import expand_files
+from tfdist.data.corruption import check_tfrecord_tails, read_tfrecords, skipped_records_log
+from tfdist.data.files import check_holds_examples, expand_files
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from tfdist.data.tfrecord import _write
 
@@ -50,6 +50,9 @@ class ImageNetTFRecordSource(ImageSource):
 
     Raises:
         FileNotFoundError: the pattern matches no file.
+        NoExamplesError: every file is empty (a `ValueError` naming them).
+        CorruptDataError: a file ends inside a record (cut short; checked
+            for uncompressed files when not skipping corrupt records).
         ValueError: a bad option (naming it).
 
     Example:
@@ -71,6 +74,9 @@ class ImageNetTFRecordSource(ImageSource):
         self.label_key = label_key
         self.compression_type = compression_type or ""
         self.skipped = skipped_records_log(skip_corrupt_records, self.compression_type)
+        check_holds_examples(self.files)
+        if self.skipped is None:  # when skipping, reading notes a file cut short
+            check_tfrecord_tails(self.files, self.compression_type)
         super().__init__(num_classes, image_size, class_names=class_names, mean=mean, std=std,
                          cache_decoded=cache_decoded, **image_options)
 
