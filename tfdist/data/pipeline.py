@@ -27,6 +27,10 @@ import tensorflow as tf
 
 from tfdist.data import sharding
 from tfdist.data.files import check_holds_examples
+from tfdist.seam import install_quiet_device_iterators
+
+# Multi-device iterators end without waiting for a tuner they do not use (see the seam).
+install_quiet_device_iterators()
 
 logger = logging.getLogger("tfdist.data")
 

@@ -25,8 +25,12 @@ import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
+from tfdist.seam import install_quiet_device_iterators
 from tfdist.strategy import is_multi_worker
 from tfdist.training import arrays
+
+# Multi-device iterators end without waiting for a tuner they do not use (see the seam).
+install_quiet_device_iterators()
 
 ALLOWED_INPUTS = (
     "numpy arrays (or lists / dicts of them) with y and batch_size, "
