@@ -44,6 +44,9 @@ def test_two_workers_train_like_one_device_keras_fit(run, name):
                                              return_dict=True, verbose=0)
         for key, value in evaluation.items():
             assert seen["evaluation"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        in_order = expected_model.evaluate(arguments["x"], arguments["y"],
+                                           batch_size=arguments["batch_size"], verbose=0)
+        assert seen["evaluation_list"] == pytest.approx(in_order, rel=1e-5, abs=1e-6)
         predictions = expected_model.predict(arguments["x"], batch_size=arguments["batch_size"],
                                              verbose=0)
         first = np.asarray(tf.nest.flatten(predictions)[0])
@@ -69,3 +72,24 @@ def test_run_eagerly_and_python_generators_are_refused_with_the_way_out(run):
         assert "run_eagerly=True" in messages["run_eagerly"]
         assert "Compile with run_eagerly=False" in messages["run_eagerly"]
         assert "generator, which every worker would read in full" in messages["generator"]
+
+
+def test_two_workers_fine_tune_on_one_trainer_like_two_phase_keras_fit(run):
+    expected = programs.keras_fine_tune()
+    for r in (0, 1):
+        with open(run / f"rank{r}_fine_tuning.json") as f:
+            histories = json.load(f)
+        weights = common.load_weights(run / f"rank{r}_fine_tuning.npz")
+        programs.assert_same_fine_tuning((weights, histories), expected)
+
+
+def test_two_workers_predict_a_ragged_tensor_like_keras(run):
+    model, arguments = programs.ragged_scorer()
+    expected = model.predict(verbose=0, **arguments)
+    for r in (0, 1):
+        with open(run / f"rank{r}_ragged.json") as f:
+            seen = json.load(f)
+        assert seen["type"] == "RaggedTensor"
+        assert seen["row_lengths"] == expected.row_lengths().numpy().tolist()
+        np.testing.assert_allclose(seen["values"], expected.flat_values.numpy(), rtol=1e-6,
+                                   atol=1e-7)

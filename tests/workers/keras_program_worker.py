@@ -2,8 +2,10 @@
 
 Creates a `MultiWorkerMirroredStrategy` from TF_CONFIG, signals readiness and
 runs each program with the README's one-line change, `Trainer(model).fit(...)`,
-then `evaluate` and `predict` on the same arrays, and trains
-`shuffled_rows` with shuffle=True, then records what is refused. Writes
+then `evaluate` (as a dict and as Keras's list) and `predict` on the same
+arrays, trains `shuffled_rows` with shuffle=True, fine-tunes in two phases on
+one Trainer (`fine_tuning`), predicts a ragged output, then records what is
+refused. Writes
 `<out>/rank<R>_<program>.npz` (final weights) and `.json` (history, evaluation
 and a checksum of the predictions) for the test to compare with one-device
 Keras `fit`.
@@ -36,12 +38,15 @@ def run(name, strategy, out):
     history = trainer.fit(verbose=0, **arguments)
     evaluation = trainer.evaluate(arguments["x"], arguments["y"], batch_size=arguments["batch_size"],
                                   return_dict=True, verbose=0)
+    evaluation_list = trainer.evaluate(arguments["x"], arguments["y"],
+                                       batch_size=arguments["batch_size"], verbose=0)
     predictions = trainer.predict(arguments["x"], batch_size=arguments["batch_size"], verbose=0)
     first = np.asarray(tf.nest.flatten(predictions)[0])
     np.savez(os.path.join(out, f"rank{rank()}_{name}.npz"),
              *[np.array(w) for w in model.get_weights()])
     with open(os.path.join(out, f"rank{rank()}_{name}.json"), "w") as f:
         json.dump({"history": history.history, "evaluation": evaluation,
+                   "evaluation_list": evaluation_list,
                    "predictions_rows": int(first.shape[0]),
                    "predictions_sum": float(np.sum(first))}, f)
 
@@ -52,6 +57,24 @@ def shuffled(strategy, out):
     history = Trainer(model).fit(verbose=0, **arguments)
     with open(os.path.join(out, f"rank{rank()}_shuffled.json"), "w") as f:
         json.dump(history.history, f)
+
+
+def fine_tuning(strategy, out):
+    """keras-io's two-phase fine-tuning on one Trainer (recompiled in between)."""
+    weights, histories = programs.tfdist_fine_tune(strategy)
+    np.savez(os.path.join(out, f"rank{rank()}_fine_tuning.npz"), *weights)
+    with open(os.path.join(out, f"rank{rank()}_fine_tuning.json"), "w") as f:
+        json.dump(histories, f)
+
+
+def ragged(strategy, out):
+    """predict() of a model with a ragged output: a tf.RaggedTensor, as in Keras."""
+    model, arguments = programs.ragged_scorer(strategy)
+    predictions = Trainer(model).predict(verbose=0, **arguments)
+    with open(os.path.join(out, f"rank{rank()}_ragged.json"), "w") as f:
+        json.dump({"type": type(predictions).__name__,
+                   "row_lengths": predictions.row_lengths().numpy().tolist(),
+                   "values": predictions.flat_values.numpy().tolist()}, f)
 
 
 def refusals(strategy, out):
@@ -89,6 +112,8 @@ def main():
     for name in args.programs.split(","):
         run(name, strategy, args.out)
     shuffled(strategy, args.out)
+    fine_tuning(strategy, args.out)
+    ragged(strategy, args.out)
     refusals(strategy, args.out)
     print(f"worker {rank()} done", flush=True)
 
