@@ -251,7 +251,8 @@ def test_stubborn_worker_is_killed_after_the_grace_period(tmp_path):
                                      f"pid={pid},ready,sleep=0.5,exit=4"))
     assert code == 4, err
     assert took < 15
-    assert "worker(s) 0 still running 1s after SIGTERM; sending SIGKILL" in err
+    assert re.search(r"worker\(s\) 0 still running 1\.[0-9]s after SIGTERM \(the 1s grace period "
+                     r"\(--grace-period\) is over\); sending SIGKILL\.", err), err
     assert_dead(str(tmp_path / "pid-0"))
 
 
@@ -300,28 +301,84 @@ def test_job_timeout_exits_124(tmp_path):
 # ---- signals to the launcher ---------------------------------------------------
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signal_to_launcher_is_forwarded_to_workers(tmp_path, signum):
+def test_signal_to_launcher_is_forwarded_and_every_signal_exits_143(tmp_path, signum):
+    # The workers stop as the recipes do after writing a backup: exit 143.
     trapped = str(tmp_path / "signal-{rank}")
     pid = str(tmp_path / "pid-{rank}")
-    proc = start(["--workers", "2"], actions(f"trap={trapped},pid={pid},sleep=30"))
+    proc = start(["--workers", "2"], actions(f"trap={trapped}:143,pid={pid},sleep=30"))
     wait_until_started(proc, tmp_path, 2)
     proc.send_signal(signum)
     code, _, err, _ = finish(proc, 15)
-    assert code == 128 + signum, err
+    assert code == 143, err
     assert f"received {signum.name}; forwarding it to the workers" in err
+    assert (f"stopped on {signum.name}: worker(s) 0, 1 exited 143 (stopped after writing a "
+            "backup); exit status 143.") in err
     for rank in range(2):
         assert (tmp_path / f"signal-{rank}").read_text() == signum.name
         assert_dead(str(tmp_path / f"pid-{rank}"))
 
 
-def test_workers_die_when_the_launcher_is_sigkilled(tmp_path):
+def test_a_signal_that_finds_the_workers_finishing_exits_0(tmp_path):
+    trapped = str(tmp_path / "signal-{rank}")
     pid = str(tmp_path / "pid-{rank}")
-    proc = start(["--workers", "2"], actions(f"pid={pid},sleep=30"))
+    proc = start(["--workers", "2"], actions(f"trap={trapped},pid={pid},sleep=30"))
+    wait_until_started(proc, tmp_path, 2)
+    proc.send_signal(signal.SIGINT)
+    code, _, err, _ = finish(proc, 15)
+    assert code == 0, err
+    assert "stopped on SIGINT: worker(s) 0, 1 exited 0 (the job had finished); exit status 0." \
+        in err
+
+
+def test_a_second_signal_cuts_the_grace_period_short_and_says_how_long_it_waited(tmp_path):
+    pid = str(tmp_path / "pid-{rank}")
+    proc = start(["--workers", "2", "--grace-period", "30"],
+                 actions(f"ignore,pid={pid},sleep=30"))
+    wait_until_started(proc, tmp_path, 2)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err, took = finish(proc, 20)
+    assert took < 10, err
+    match = re.search(r"worker\(s\) 0, 1 still running ([0-9.]+)s after SIGTERM \(another "
+                      r"SIGTERM to the launcher cut the 30s grace period short\); sending "
+                      r"SIGKILL\.", err)
+    assert match, err
+    assert 0.5 < float(match.group(1)) < 8, err
+    # Killed before they saved anything: the workers' status, not "stopped with a backup".
+    assert code == 137, err
+    assert "stopped on SIGTERM: worker 0 ended with signal 9 (SIGKILL), exit status 137; " \
+           "exit status 137." in err
+    for rank in range(2):
+        assert_dead(str(tmp_path / f"pid-{rank}"))
+
+
+def test_workers_die_when_the_launcher_is_sigkilled_and_its_folder_goes_at_the_next_start(
+        tmp_path):
+    scratch_dir = tmp_path / "tmp"
+    scratch_dir.mkdir()
+    env = launcher_env(TMPDIR=str(scratch_dir))
+    pid = str(tmp_path / "pid-{rank}")
+    proc = start(["--workers", "2"], actions(f"pid={pid},sleep=30"), env=env)
     wait_until_started(proc, tmp_path, 2)
     proc.kill()
     proc.communicate(timeout=15)
     for rank in range(2):
         assert_dead(str(tmp_path / f"pid-{rank}"))
+    [left] = [p for p in scratch_dir.iterdir() if p.name.startswith("tfdist-launch-")]
+    assert left.name.startswith(f"tfdist-launch-{proc.pid}-")
+    # Kept: a folder of a live process (this one), and one without an owner to judge.
+    from tfdist.launch import scratch
+    live = scratch.make_ready_dir(str(scratch_dir))
+    unowned = scratch_dir / "tfdist-launch-legacy1"
+    unowned.mkdir()
+    code, _, err, _ = run(["--workers", "1"], actions("exit=0"), env=env)
+    assert code == 0, err
+    assert (f"removed 1 temporary folder(s) of launchers that are no longer running: {left}"
+            in err), err
+    assert not left.exists() and os.path.isdir(live) and unowned.is_dir()
+    assert sorted(p.name for p in scratch_dir.iterdir()) == sorted(
+        [os.path.basename(live), unowned.name])
 
 
 # ---- bad input ----------------------------------------------------------------

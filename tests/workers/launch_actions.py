@@ -7,7 +7,7 @@ comma-separated list of:
   pid=PATH       write this process's pid to PATH
   sleep=S        sleep S seconds
   write=PATH     write "done" to PATH
-  trap=PATH      on SIGTERM/SIGINT/SIGHUP write the signal name to PATH and exit 0
+  trap=PATH[:N]  on SIGTERM/SIGINT/SIGHUP write the signal name to PATH and exit N (default 0)
   ignore         ignore SIGTERM and SIGINT
   print=TEXT     print TEXT to stdout
   kill=N         send signal N to itself
@@ -30,11 +30,13 @@ rank = int(os.environ["TFDIST_RANK"])
 steps = sys.argv[1 + min(rank, len(sys.argv) - 2)]
 
 
-def trap(path):
+def trap(value):
+    path, _, code = value.rpartition(":") if ":" in value else (value, "", "0")
+
     def handler(signum, frame):
         with open(path, "w") as f:
             f.write(signal.Signals(signum).name)
-        os._exit(0)
+        os._exit(int(code))
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, handler)
 

@@ -47,7 +47,9 @@ failed or preempted job again, up to R times. A worker
 that neither creates its ready file nor exits 0 within --startup-timeout
 (default 300 s, 0 disables) stops the job with 125; passing --timeout stops it
 with 124; SIGINT/SIGTERM/SIGHUP to the launcher are forwarded to the workers
-and it exits 128 + N. Bad arguments exit 2; a command that cannot be started,
+and it exits with their outcome, the same for every signal: 143 when they
+stopped with their backups, 0 when all of them had finished, else the first
+other status (137: a worker killed before it could save). Bad arguments exit 2; a command that cannot be started,
 127. Each worker runs in its own process group (stopping a worker stops what it
 started) and, on Linux, is SIGKILLed if the launcher itself is SIGKILLed.
 

@@ -12,15 +12,15 @@ import shlex
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 
 from tfdist.launch import cluster as cluster_lib
 from tfdist.launch import gpus as gpus_lib
-from tfdist.launch import processes
+from tfdist.launch import processes, scratch
 from tfdist.launch.output import OutputPump, Sink
 from tfdist.stop_signals import PREEMPTED_EXIT_CODE
+from tfdist.tf_logging import worker_stderr_sink
 
 EXIT_TIMEOUT = 124
 """Exit status when the job deadline (`timeout`) passes."""
@@ -58,10 +58,18 @@ def launch(command, workers, *, ps=0, devices_per_worker=None, gpus_per_worker=N
     status is returned (128 + N for signal N). A worker that exits with
     `PREEMPTED_EXIT_CODE` (143: it saved its backup after SIGTERM/SIGINT) is
     not a failure of the others: they stop at the same step, so the launcher
-    waits up to `grace_period` for them. SIGINT and SIGTERM sent to the
-    launcher (when called from the main thread) are forwarded to the workers,
-    followed by the same shutdown, and 128 + N is returned (SIGHUP too, so
-    closing the terminal stops the job).
+    waits up to `grace_period` for them (a second signal to the launcher cuts
+    that short; the line then says how long it waited). SIGINT, SIGTERM and
+    SIGHUP sent to the launcher (when called from the main thread; SIGHUP so
+    that closing the terminal stops the job) are forwarded to the workers,
+    followed by the same shutdown, and the workers' outcome is returned, the
+    same for every signal: 143 when they stopped with their backup (exit 143),
+    0 when every worker exited 0 (the job had finished), else the first other
+    status (e.g. 137 for a worker killed before it could save anything).
+
+    Temporary folders (`tfdist-launch-PID-*`, the workers' ready files) of
+    launchers that were killed are removed when a launcher starts, once their
+    launcher is gone (see `tfdist.launch.scratch`).
 
     With `max_restarts=N`, a job that ended with a failed or preempted worker
     or a missed start-up deadline is started again (new ports, the same
@@ -156,6 +164,10 @@ def launch(command, workers, *, ps=0, devices_per_worker=None, gpus_per_worker=N
     tasks = cluster_lib.job_tasks(workers, ps)
     gpu_groups = _gpu_groups(tasks, base_env, gpus_per_worker)
 
+    removed = scratch.remove_stale_ready_dirs()
+    if removed:
+        err.write_line(MESSAGE_PREFIX + f"removed {len(removed)} temporary folder(s) of launchers "
+                       f"that are no longer running: {', '.join(removed)}")
     if "TF_CONFIG" in base_env:
         err.write_line(MESSAGE_PREFIX + "TF_CONFIG from the environment is replaced "
                        "by the launcher's localhost cluster for each worker.")
@@ -204,7 +216,7 @@ def _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
     """Starts the tasks on fresh ports and supervises them; returns the `_Job`."""
     ports = cluster_lib.free_ports(len(tasks), host)
     cluster = cluster_lib.cluster_spec(host, ports, tasks)
-    ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
+    ready_dir = scratch.make_ready_dir()
     try:
         ready_files = [os.path.join(ready_dir, f"{kind}-{index}.ready") for kind, index in tasks]
         task_deadline = cluster_lib.worker_startup_timeout(startup_timeout)
@@ -291,7 +303,9 @@ class _Job:
                 return 126 if isinstance(error, PermissionError) else EXIT_CANNOT_START
             self.procs.append(proc)
             self.pump.add(proc.stdout, f"[{label}] ", self.out)
-            self.pump.add(proc.stderr, f"[{label}] ", self.err)
+            # TensorFlow's import-time C++ lines ignore TF_CPP_MIN_LOG_LEVEL: filtered here.
+            self.pump.add(proc.stderr, f"[{label}] ",
+                          worker_stderr_sink(self.err, f"[{label}] ", env))
         return None
 
     def _supervise(self, startup_timeout, timeout):
@@ -304,7 +318,7 @@ class _Job:
                 self.say(f"received {processes.signal_name(signum)}; forwarding it to "
                          "the workers and stopping them.")
                 self._stop(signum)
-                return 128 + signum
+                return self._stopped_status(signum)
             codes = [proc.poll() for proc in self.procs]
             status = self._check_exits(codes)
             if status is not None:
@@ -358,17 +372,65 @@ class _Job:
             for proc in self.procs:
                 processes.signal_group(proc, signum)
         seen = len(self.signals)
-        deadline = time.monotonic() + self.grace_period
+        began = time.monotonic()
+        deadline = began + self.grace_period
         while (any(proc.poll() is None for proc in self.procs)
                and time.monotonic() < deadline and len(self.signals) <= seen):
             self.pump.poll(TICK)
+        waited = time.monotonic() - began
         stubborn = [label for label, proc in zip(self.labels, self.procs) if proc.poll() is None]
         if stubborn:
             after = processes.signal_name(signum) if signum is not None else "the first one stopped"
-            self.say(f"{_name_tasks(stubborn)} still running "
-                     f"{self.grace_period:g}s after {after}; sending SIGKILL.")
+            if len(self.signals) > seen:
+                why = (f"another {processes.signal_name(self.signals[seen])} to the launcher cut "
+                       f"the {self.grace_period:g}s grace period short")
+            else:
+                why = f"the {self.grace_period:g}s grace period (--grace-period) is over"
+            self.say(f"{_name_tasks(stubborn)} still running {waited:.1f}s after {after} "
+                     f"({why}); sending SIGKILL.")
         for proc in self.procs:
             processes.signal_group(proc, signal.SIGKILL)
+
+    def _stopped_status(self, signum):
+        """The job's status after `signum` to the launcher stopped it: the
+        workers' own (every worker 143: backups written; every worker 0: the
+        job had finished; else the first other status, e.g. 137 for a worker
+        killed before it could save), with a line saying which."""
+        codes = self._final_codes()
+        labels = [label for label, code in zip(self.labels, codes) if code is not None]
+        return self._judge_stop(signum, labels, [code for code in codes if code is not None])
+
+    def _final_codes(self):
+        """Every task's `returncode` once reaped (after `_stop`'s SIGKILL), None if not."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: judged without it
+                pass
+        return [proc.poll() for proc in self.procs]
+
+    def _judge_stop(self, signum, labels, codes):
+        name = processes.signal_name(signum)
+        others = [(label, code) for label, code in zip(labels, codes)
+                  if code not in (0, PREEMPTED_EXIT_CODE)]
+        if others:
+            label, code = others[0]
+            status = processes.exit_status(code)
+            self.say(f"stopped on {name}: {label} ended with {processes.describe_exit(code)}; "
+                     f"exit status {status}.")
+            return status
+        if not codes:
+            self.say(f"stopped on {name}; exit status {PREEMPTED_EXIT_CODE}.")
+            return PREEMPTED_EXIT_CODE
+        if all(code == 0 for code in codes):
+            self.say(f"stopped on {name}: {_name_tasks(labels)} exited 0 (the job had finished); "
+                     "exit status 0.")
+            return 0
+        stopped = [label for label, code in zip(labels, codes) if code == PREEMPTED_EXIT_CODE]
+        self.say(f"stopped on {name}: {_name_tasks(stopped)} exited {PREEMPTED_EXIT_CODE} "
+                 f"(stopped after writing a backup); exit status {PREEMPTED_EXIT_CODE}.")
+        return PREEMPTED_EXIT_CODE
 
     def _cleanup(self):
         """Reaps every worker, writes the rest of their output and makes sure
@@ -420,6 +482,11 @@ class _ParameterServerJob(_Job):
             self._stop(signal.SIGTERM)
             return status
         return None
+
+    def _stopped_status(self, signum):
+        """The chief's status decides, as when it exits by itself."""
+        chief = self._final_codes()[0]
+        return self._judge_stop(signum, self.labels[:1], [] if chief is None else [chief])
 
     def _chief_exited(self, code):
         """The job ends with the chief: stop the servers, return its status."""
