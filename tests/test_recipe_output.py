@@ -195,4 +195,5 @@ def test_ctrl_c_prints_one_line_with_where_it_stopped_and_how_to_resume(tmp_path
     line = [text for text in out.splitlines() if text.startswith("Stopped by")]
     assert len(line) == 1, out[-3000:]
     assert re.match(r"Stopped by SIGINT in epoch 1 after step \d+: backup written at global step "
-                    r"\d+ in .*backup\. Rerun the same command to resume from it\.$", line[0]), line[0]
+                    r"\d+ in .*backup \(ckpt-\d+\)\. Rerun the same command to resume from it\.$",
+                    line[0]), line[0]

@@ -42,9 +42,11 @@ import subprocess
 import sys
 import threading
 
+from tfdist import exit_codes
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-PREEMPTED_EXIT_CODE = 143
+PREEMPTED_EXIT_CODE = exit_codes.PREEMPTED
 """The exit code of a run stopped by SIGTERM/SIGINT after saving its backup:
 128 + SIGTERM, as TensorFlow's own preemption handler uses, and in the range
 Kubernetes' `restartPolicy: ExitCode` treats as restartable."""

@@ -233,10 +233,12 @@ def task_info(strategy=None):
        cluster resolver with a task (`MultiWorkerMirroredStrategy`, with a
        TF_CONFIG, SLURM or Kubernetes resolver): the resolver gives the task
        and `strategy.extended.should_checkpoint` says whether it is the chief.
-    2. Otherwise the validated `TF_CONFIG` (`tfdist.cluster.parse_tf_config`)
+    2. A `OneDeviceStrategy` or `MirroredStrategy` trains on this machine
+       alone, hence is the chief, whatever a leftover `TF_CONFIG` says.
+    3. Otherwise the validated `TF_CONFIG` (`tfdist.cluster.parse_tf_config`)
        with TensorFlow's rule: the `chief` task; without one, worker 0; an
        `evaluator` is the chief of its own evaluation.
-    3. Without `TF_CONFIG` the process is alone, hence the chief.
+    4. Without `TF_CONFIG` the process is alone, hence the chief.
 
     Args:
         strategy: a `tf.distribute.Strategy`, or None for the current one.
@@ -258,6 +260,8 @@ def task_info(strategy=None):
     if resolver is not None and resolver.task_type is not None:
         return (resolver.task_type, int(resolver.task_id or 0),
                 bool(strategy.extended.should_checkpoint))
+    if isinstance(strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy)):
+        return None, 0, True  # single-machine strategies never join a cluster
     config = parse_tf_config()
     if config is None:
         return None, 0, True

@@ -41,6 +41,12 @@ class PreemptionGuard(keras.callbacks.Callback):
     With gradient accumulation the step counted is the optimizer update: a
     backup is taken at an update boundary only.
 
+    A signal that arrives at or after the last training step does not stop
+    the run: training has finished, so `fit` ends normally (epoch end,
+    validation, logs) and `signal_after_last_step` names the signal (the
+    recipes then exit 0 saying so). Every worker knows the run's length, so
+    all agree on this.
+
     Args:
         backup: the `BackupAndResume` that writes the backup, or None to
             stop without saving (a restart then starts over).
@@ -51,6 +57,10 @@ class PreemptionGuard(keras.callbacks.Callback):
         ack_timeout: seconds the worker that got the signal waits for every
             worker to acknowledge the stop step (an error naming the
             missing workers after that).
+
+    Attributes:
+        signal_after_last_step: the signal (`"SIGTERM"`) taken at the last
+            training step of `fit`, which therefore ended normally; None.
 
     Example:
 
@@ -82,6 +92,7 @@ class PreemptionGuard(keras.callbacks.Callback):
         self._task = ("worker", 0)
         self._num_workers = 1
         self._keys = None
+        self.signal_after_last_step = None
 
     def on_train_begin(self, logs=None):
         self._reset()
@@ -116,14 +127,23 @@ class PreemptionGuard(keras.callbacks.Callback):
             return
         self._count += 1
         name = signals.pending()
+        last = self._at_last_step(batch)
         if not self._multi_worker:
             if name is not None:
-                self._stop(name, logs)
+                self._stop(name, logs, last)
             return
         if self._stop_at is not None and self._count >= self._stop_at:
-            self._stop(self._stop_signal, logs)
-        if name is not None and not self._claimed and self._stop_at is None:
+            self._stop(self._stop_signal, logs, last)
+        elif last and (name or self._stop_at is not None):
+            self.signal_after_last_step = name or self._stop_signal  # the stop step never comes
+        elif name is not None and not self._claimed and self._stop_at is None:
             self._claim(name)
+
+    def _at_last_step(self, batch):
+        """Whether `batch` is the last training step of this `fit` (False when unknown)."""
+        params = self.params or {}
+        epochs, steps = params.get("epochs"), params.get("steps")
+        return bool(epochs and steps) and self._epoch == epochs - 1 and batch + 1 >= steps
 
     def on_train_end(self, logs=None):
         self._finish()
@@ -172,7 +192,10 @@ class PreemptionGuard(keras.callbacks.Callback):
                 pass
             return
 
-    def _stop(self, name, logs):
+    def _stop(self, name, logs, last=False):
+        if last:  # training has finished: end normally instead of stopping
+            self.signal_after_last_step = name
+            return
         written = None
         if self.backup is not None:
             written = self.backup.backup_now(logs)

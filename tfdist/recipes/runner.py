@@ -15,12 +15,18 @@ Example:
 """
 
 import dataclasses
+import errno
 import logging
 import math
 import os
+import shlex
+import socket
 import sys
+import tempfile
+import time
 from typing import Callable
 
+from tfdist import exit_codes
 from tfdist.dataset_specs import TFRECORD_SCHEMES, dataset_scheme
 from tfdist.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
                                parse_gpu_memory)
@@ -30,13 +36,15 @@ from tfdist.recipes.model_parallel import (check_model_parallel_flags,
                                            prepare_model_parallel_devices, stage_plan_block)
 from tfdist.recipes.model_parallel import trainer_arguments as model_parallel_arguments
 from tfdist.recipes.model_parallel import xla_blocker as model_parallel_xla_blocker
-from tfdist.recipes.record import (changed_keys, config_values, describe_changes, read_record,
-                                   render_record, write_record)
+from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
+                                   read_record, render_record, settle_record, write_record,
+                                   writer_of_backup)
 from tfdist.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.xla import resolve_xla
 
-INTERRUPTED_EXIT_CODE = 130  # the shell's code for a program stopped by Ctrl-C (SIGINT)
-CLUSTER_LOST_EXIT_CODE = 141  # 128 + SIGPIPE: the connection to a peer broke; retryable
+# Kept as names for callers; the table with every code and its meaning is tfdist.exit_codes.
+INTERRUPTED_EXIT_CODE = exit_codes.INTERRUPTED
+CLUSTER_LOST_EXIT_CODE = exit_codes.CLUSTER_LOST
 """Exit code when the cluster did not form in time or a peer was lost during
 training. Cluster managers retry codes >= 128 (Kubeflow's ExitCode policy,
 a SLURM requeue); the relaunched job resumes from its last backup."""
@@ -45,6 +53,15 @@ a SLURM requeue); the relaunched job resumes from its last backup."""
 # peer (connection refused or reset, heartbeat timeout, aborted collective).
 _CLUSTER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError",
                    "CancelledError")
+# Strategies that train on this machine alone: a TF_CONFIG does not make them a cluster.
+_SINGLE_MACHINE = ("one_device", "mirrored", "default")
+# What TensorFlow's file errors say when the environment, not the input, is at fault.
+_ENVIRONMENT_FAULTS = {
+    "No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES,
+}
+SUMMARY_LENGTH = 200
+"""Characters of a TensorFlow error quoted in a one-line stop message (cut at a word)."""
 
 logger = logging.getLogger("tfdist")
 
@@ -171,17 +188,27 @@ def _respect_xla_blocker(mode, jit_compile, reason, blocker):
 
 def _exit_error(prefix, error):
     print(f"{prefix}: error: {error}", file=sys.stderr)
-    return 2
+    return exit_codes.BAD_INPUT
 
 
 def run_recipe(recipe, argv=None):
     """Parses flags, builds everything and trains. Returns the exit code.
 
-    Bad flags, configs, strategy names or TF_CONFIG give a one-line error
-    naming the problem and exit code 2 (flag and config errors before
-    TensorFlow starts). SIGTERM or Ctrl-C (SIGINT) during training: every
-    worker backs up at one step, one line says where and how to resume, exit
-    143 (`PREEMPTED_EXIT_CODE`); Ctrl-C before training is set up exits 130.
+    Every way a run ends has one code from `tfdist.exit_codes` and one line:
+    bad flags, configs, strategy names or TF_CONFIG, and environment faults
+    (a read-only or full disk, a model dir that is a file or used by another
+    run) exit 2 (flag and config errors before TensorFlow starts). SIGTERM or
+    Ctrl-C (SIGINT) during training: every worker backs up at one step, one
+    line says where and which backup a rerun resumes from, exit 143
+    (`PREEMPTED_EXIT_CODE`); after the last training step such a signal ends
+    the run normally (exit 0); Ctrl-C before training is set up exits 130. A
+    lost peer or ps task exits 141. The model dir is locked for the run
+    (`tfdist.run_lock`) and every run leaves an entry in `MODEL_DIR/runs/`.
+
+    Example:
+
+    >>> run_recipe(RECIPE, ["--epochs", "1", "--model-dir", "runs/a"])
+    0
     """
     prog = f"python -m tfdist.recipes.{recipe.name}"
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -196,46 +223,187 @@ def run_recipe(recipe, argv=None):
         # (CI logs, the launcher), so default to a line per epoch there.
         config.verbose = 1 if sys.stdout.isatty() else 2
     _configure_logging(config.verbose)
-    where = {}
+    where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir}
     try:
         if config.print_config:
             return _print_config(recipe, config)
-        return _train(recipe, config, where)
+        code = _train(recipe, config, where)
+        _end_run(where, code, where.get("outcome", "finished"))
+        return code
     except KeyboardInterrupt:
-        print(_interrupted_line(), file=sys.stderr, flush=True)
-        return INTERRUPTED_EXIT_CODE
+        code, line = exit_codes.INTERRUPTED, _interrupted_line()
     except Preempted as stop:
-        print(_preempted_line(stop, where), file=sys.stderr, flush=True)
-        return PREEMPTED_EXIT_CODE
-    except (ValueError, RuntimeError, FileNotFoundError) as error:
+        history = where.get("history")
+        if history is not None and stop.backup is not None:
+            history.note_backup(stop.backup.path)
+        code, line = PREEMPTED_EXIT_CODE, _preempted_line(stop, where)
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is one of the known faults
+        try:
+            code, line = _known_fault(prog, error, where)
+        except BaseException:
+            _end_run(where, exit_codes.FAILED, f"failed: {type(error).__name__}: "
+                                               f"{_summary(str(error))}")
+            raise
+    print(line, file=sys.stderr, flush=True)
+    _end_run(where, code, line.removeprefix(f"{prog}: "))
+    return code
+
+
+def _known_fault(prog, error, where):
+    """(exit code, one line) for an error the runner explains; re-raises any other."""
+    name = type(error).__name__
+    if os.environ.get("TFDIST_TRACEBACK"):
+        raise error
+    # By name: tfdist.training.parameter_server and tfdist.strategy import TensorFlow.
+    if name == "ParameterServerLostError":
+        return _cluster_lost(prog, error, where, "a parameter-server task was lost")
+    if name == "StrategyStartupError":
+        return _cluster_lost(prog, error, where, "the cluster did not form")
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+        return exit_codes.BAD_INPUT, _environment_line(prog, error, where)
+    if isinstance(error, (ValueError, RuntimeError, FileNotFoundError)):
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
-        if type(error).__name__ == "StrategyStartupError":  # tfdist.strategy's, TF-free here
-            return _cluster_lost(prog, error, where, "the cluster did not form")
-        if os.environ.get("TFDIST_TRACEBACK"):
-            raise
-        return _exit_error(prog, f"{type(error).__name__}: {error}")
-    except Exception as error:  # noqa: BLE001 - only TensorFlow's cluster errors are handled
-        if type(error).__name__ not in _CLUSTER_ERRORS or "tensorflow" not in type(error).__module__:
-            raise
-        return _cluster_lost(prog, error, where, "a peer was lost")
+        return exit_codes.BAD_INPUT, f"{prog}: error: {name}: {error}"
+    if "tensorflow" in type(error).__module__:
+        fault = _environment_errno(error)
+        if fault is not None:
+            return exit_codes.BAD_INPUT, _environment_line(prog, error, where, fault)
+        if name in _CLUSTER_ERRORS:
+            return _cluster_lost(prog, error, where, "a peer was lost")
+    raise error
+
+
+def _environment_errno(error):
+    """The errno a TensorFlow file error stands for (disk full, read-only...), or None."""
+    text = str(getattr(error, "message", error))
+    return next((number for phrase, number in _ENVIRONMENT_FAULTS.items() if phrase in text),
+                None)
+
+
+def _environment_line(prog, error, where, number=None):
+    """One line for a fault of the machine (disk, permissions), naming the file and the way out."""
+    backup = _resume_target(where)
+    resume = f" A rerun then resumes from {backup}." if backup else ""
+    if type(error).__module__.startswith("tfdist"):  # tfdist's own errors (BackupWriteError) say it all
+        return f"{prog}: error: {type(error).__name__}: {error}{resume}"
+    number = number if number is not None else getattr(error, "errno", None)
+    path = getattr(error, "filename", None)
+    text = (error.strerror if getattr(error, "strerror", None)
+            else _summary(str(getattr(error, "message", error))))
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        advice = ("The disk is full: free space there (a backup needs about the size of the "
+                  "last one), or use a --model-dir on a larger disk, and rerun." + resume)
+    elif number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        advice = ("The folder is read-only or not writable by this user: use a writable "
+                  "--model-dir (and --backup-dir).")
+    elif number in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        advice = "A file is in the way where a folder is needed: --model-dir must name a folder."
+    else:
+        advice = "Fix the file system problem and rerun." + resume
+    return f"{prog}: error: cannot write{f' {path}' if path else ''}: {text}. {advice}"
+
+
+def _end_run(where, code, outcome):
+    """Closes the run's history entry and settles config.yaml (the record of the
+    run that wrote the newest backup)."""
+    history = where.pop("history", None)
+    if history is None:
+        return
+    try:
+        history.finish(outcome, code)
+        newest = _newest_backup(where.get("backup_dir"))
+        if newest is not None:
+            settle_record(where["model_dir"], newest.path)
+    except OSError as error:  # the fault being reported may be this very disk
+        logger.warning("Could not complete the run record in %s: %s", where["model_dir"], error)
+
+
+def _newest_backup(backup_dir):
+    """The newest readable backup in `backup_dir` (None without TensorFlow or backups)."""
+    if not backup_dir or "tensorflow" not in sys.modules:
+        return None
+    from tfdist.callbacks import latest_backup
+
+    try:
+        return latest_backup(backup_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def _describe_backup(info):
+    """`PATH (global step N)` for a BackupInfo (the backup package's wording when it has one)."""
+    from tfdist.callbacks.backup import store
+
+    describe = getattr(store, "describe_backup", None)
+    return describe(info) if describe else f"{info.path} (global step {info.global_step})"
+
+
+def _backup_name(info):
+    """`ckpt-N, global step S` for a BackupInfo, for lines that name its folder already."""
+    return f"{os.path.basename(info.path)}, global step {info.global_step}"
+
+
+def _resume_target(where):
+    """The backup a rerun resumes from, described, or None."""
+    info = _newest_backup(where.get("backup_dir"))
+    return _describe_backup(info) if info is not None else None
+
+
+def _summary(text, limit=SUMMARY_LENGTH):
+    """The first meaningful line of an error, cut at a word boundary with "…".
+
+    Example:
+
+    >>> _summary("Graph execution error:\n\nConnection reset by peer " * 3, 30)
+    'Connection reset by peer…'
+    """
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and "Graph execution error" not in line]
+    first = lines[0] if lines else ""
+    if len(first) <= limit:
+        return first
+    cut = first[:limit].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return (cut or first[:limit]) + "…"
+
+
+def _save_full_error(error, where):
+    """Writes the full text of `error` to a file and returns its path (None if it cannot)."""
+    folder = (os.path.join(where["model_dir"], "errors") if where.get("model_dir")
+              else tempfile.gettempdir())
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}.txt"
+    path = os.path.join(folder, name if where.get("model_dir") else f"tfdist-error-{name}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as stream:
+            stream.write(f"{type(error).__module__}.{type(error).__name__}: "
+                         f"{getattr(error, 'message', error)}\n")
+    except OSError:
+        return None
+    return path
 
 
 def _cluster_lost(prog, error, where, what):
-    """One line for a cluster that broke, and the retryable exit code."""
+    """(the retryable exit code, one line) for a cluster that broke."""
     if os.environ.get("TFDIST_TRACEBACK"):
         raise error
-    lines = [line.strip() for line in str(getattr(error, "message", error)).splitlines()
-             if line.strip() and "Graph execution error" not in line]
-    first_line = lines[0][:200] if lines else ""
-    backup = where.get("backup_dir")
-    resume = (f"; run the same command again (a cluster manager retries exit "
-              f"{CLUSTER_LOST_EXIT_CODE}) to resume from the last backup in {backup}" if backup
-              else f"; run the same command again to retry (a cluster manager retries exit "
-                   f"{CLUSTER_LOST_EXIT_CODE})")
-    print(f"{prog}: {what} ({type(error).__name__}: {first_line}){resume}.",
-          file=sys.stderr, flush=True)
-    return CLUSTER_LOST_EXIT_CODE
+    text = str(getattr(error, "message", error))
+    summary = _summary(text)
+    full = _save_full_error(error, where) if summary != text.strip() else None
+    backup = _newest_backup(where.get("backup_dir"))
+    retry = f"a cluster manager retries exit {CLUSTER_LOST_EXIT_CODE}"
+    if backup:
+        resume = (f"; run the same command again ({retry}) to resume from the last backup in "
+                  f"{where['backup_dir']} ({_backup_name(backup)})")
+    elif where.get("backup_dir"):
+        resume = (f"; run the same command again ({retry}); no backup in "
+                  f"{where['backup_dir']} yet, so it starts over")
+    else:
+        resume = f"; run the same command again to retry ({retry})"
+    line = f"{prog}: {what} ({type(error).__name__}: {summary}){resume}."
+    if full:
+        line += f" Full error: {full}"
+    return CLUSTER_LOST_EXIT_CODE, line
 
 
 def check_before_tensorflow(recipe, config):
@@ -268,6 +436,7 @@ def check_before_tensorflow(recipe, config):
     except ValueError as error:
         raise ConfigError(f"--gpu-memory: {error}") from None
     check_skip_corrupt_records(config)
+    check_output_folders(config)
     for flag, value in (("--profile-steps", config.profile_steps),):
         if value is not None and not config.model_dir:
             raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
@@ -306,6 +475,31 @@ def check_cluster_resolver(config):
         f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
         f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
         "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
+
+
+def check_output_folders(config):
+    """Refuses a --model-dir or --backup-dir that names something other than a folder.
+
+    Raises:
+        ConfigError: naming the flag, the path and the way out.
+
+    Example:
+
+    >>> check_output_folders(argparse.Namespace(model_dir="notes.txt", backup_dir=None))
+    Traceback (most recent call last):
+    ConfigError: --model-dir notes.txt is a file, not a folder ...
+    """
+    for flag, path in (("--model-dir", config.model_dir),
+                       ("--backup-dir", getattr(config, "backup_dir", None))):
+        if path and os.path.lexists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{flag} {path} is a file, not a folder: name a folder (it is "
+                              "created if missing), e.g. the file's name without its extension.")
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        while parent and not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
+                              "whose parents are folders.")
 
 
 def check_skip_corrupt_records(config):
@@ -420,14 +614,18 @@ def _gpu_memory_line(config, gpus):
 
 
 def _preempted_line(stop, where):
-    """The one line a SIGTERM/SIGINT stop prints: where, what was saved, how to resume."""
+    """The one line a SIGTERM/SIGINT stop prints: where, the backup written (its
+    name and global step) and how to resume from it."""
     stopped = f"Stopped by {stop}"
     if stop.backup is not None:
+        name = os.path.basename(stop.backup.path)
         return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
-                f"{where.get('backup_dir')}. Rerun the same command to resume from it.")
+                f"{where.get('backup_dir')} ({name}). Rerun the same command to resume from it.")
     if where.get("backup_dir"):
+        backup = _resume_target(where)
         return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
-                f"resumes from the last backup in {where['backup_dir']}, if any.")
+                + (f"resumes from the last backup, {backup}." if backup
+                   else f"starts over: there is no backup in {where['backup_dir']}."))
     return (f"{stopped}: nothing was saved (add --model-dir DIR or --backup-dir to make runs "
             "resumable); rerunning starts over.")
 
@@ -470,6 +668,13 @@ def _train(recipe, config, where):
     serving = _serving_task(config)
     if serving is not None:
         return _serve(recipe, config, serving)
+    if config.strategy in _SINGLE_MACHINE:
+        _ignore_stray_tf_config(config)
+    backup_dir = config.backup_dir or (
+        os.path.join(config.model_dir, "backup") if config.model_dir else None)
+    where["backup_dir"] = backup_dir  # named by the stop lines, from the start
+    if config.model_dir and _alone_before_tensorflow(config):
+        where["lock"] = _lock_model_dir(config, where)  # before TensorFlow: a busy dir exits at once
     # TensorFlow starts only after the flags are known to be good, quietly
     # unless asked, and logical devices are split before it initialises
     # (create_strategy does that).
@@ -502,6 +707,8 @@ def _train(recipe, config, where):
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
     say = print if info.is_chief else (lambda *args, **kwargs: None)
+    if config.model_dir and info.is_chief and "lock" not in where:
+        where["lock"] = _lock_model_dir(config, where)  # the chief of a cluster
     if config.deterministic:
         tf.config.experimental.enable_op_determinism()
 
@@ -546,12 +753,10 @@ def _train(recipe, config, where):
         "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
-    backup_dir = config.backup_dir or (
-        os.path.join(config.model_dir, "backup") if config.model_dir else None)
-    where["backup_dir"] = backup_dir
-    resuming = bool(backup_dir) and latest_backup(backup_dir) is not None
+    resumed_from = latest_backup(backup_dir) if backup_dir else None
+    resuming = resumed_from is not None
     if config.model_dir and info.is_chief:
-        _record_run(recipe, config, resolved, resuming)
+        _record_run(recipe, config, resolved, resumed_from, where)
     say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
                      steps_per_epoch, resolved["gpu_memory"] if gpus else None,
                      autotune_summary))
@@ -573,8 +778,11 @@ def _train(recipe, config, where):
         backup = BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
                                  max_to_keep=config.backup_keep, strategy=strategy)
         callbacks.append(backup)
+        if "history" in where:
+            callbacks.append(_backup_recorder(keras, backup, where))
     # After the backup: on SIGTERM/SIGINT every worker backs up at one agreed step.
-    callbacks.append(PreemptionGuard(backup, signals=signals, strategy=strategy))
+    guard = PreemptionGuard(backup, signals=signals, strategy=strategy)
+    callbacks.append(guard)
     if config.model_dir:
         # CSV, TensorBoard (every --log-every steps and every epoch) and
         # per-epoch weights, written by the chief only.
@@ -598,9 +806,18 @@ def _train(recipe, config, where):
             f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
     if config.skip_corrupt_records:
         say(_skipped_line([data.train, data.validation], info.num_workers))
-    if config.model_dir:
-        say(_outputs_block(config.model_dir, backup_dir, config.profile_steps))
-    return 0
+    late = getattr(guard, "signal_after_last_step", None) or signals.pending()
+    if late:
+        print(_finished_anyway_line(late), file=sys.stderr, flush=True)
+    if config.model_dir and info.is_chief:
+        block, missing = _outputs_block(config.model_dir, backup_dir, config.profile_steps)
+        print(block)
+        if missing:
+            where["outcome"] = f"finished without writing {', '.join(missing)}"
+            print(_missing_outputs_line(recipe, config.model_dir, missing), file=sys.stderr,
+                  flush=True)
+            return exit_codes.FAILED
+    return exit_codes.FINISHED
 
 
 def _skipped_line(sources, num_workers):
@@ -638,16 +855,108 @@ def divergence_guard(config, backup_dir):
     return DivergenceGuard(factor=config.divergence_factor, warmup=warmup, hint=hint)
 
 
-def _record_run(recipe, config, resolved, resuming):
-    """Writes MODEL_DIR/config.yaml; a resumed run first names what changed."""
+def _record_run(recipe, config, resolved, resumed_from, where):
+    """Starts the run's entry in MODEL_DIR/runs/; a resumed run first names what
+    changed since the run that wrote the backup it resumes from.
+
+    `config.yaml` is written here only in a fresh folder; otherwise it is
+    replaced once this run writes a backup (`_backup_recorder`) and settled
+    at the end (`_end_run`), so a refused or diverged run never replaces the
+    record of the run whose backups are left.
+    """
     values = config_values(config, recipe.all_options())
-    if resuming:
-        changes = changed_keys(read_record(config.model_dir),
-                               {"options": values, "resolved": resolved})
+    if resumed_from is not None:
+        writer = writer_of_backup(config.model_dir, resumed_from.path)
+        reference = writer if writer is not None else read_record(config.model_dir)
+        changes = changed_keys(reference, {"options": values, "resolved": resolved})
         if changes:
             logger.warning("Resuming in %s with a different configuration than the run that "
                            "wrote its backups: %s.", config.model_dir, describe_changes(changes))
-    write_record(config.model_dir, values, resolved, config.config_file)
+    lock = where.get("lock")
+    run = dict(lock.holder) if lock is not None else {
+        "host": socket.gethostname(), "pid": os.getpid(), "command": where["command"],
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    where["record"] = (values, resolved, config.config_file)
+    where["history"] = RunHistory.start(config.model_dir, values, resolved, config.config_file,
+                                        run=run)
+    if resumed_from is None and read_record(config.model_dir) is None:
+        write_record(config.model_dir, values, resolved, config.config_file)
+
+
+def _backup_recorder(keras, backup, where):
+    """A callback (placed after `backup`) that notes each backup this run writes
+    in its history entry and, from its first one on, makes config.yaml this
+    run's record (the newest backup is now this run's)."""
+
+    class RecordBackups(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = None
+
+        def _check(self, *args, **kwargs):
+            info = backup.last_backup
+            history = where.get("history")
+            if info is None or not info.path or info.path == self.seen or history is None:
+                return
+            first = not history.backups
+            self.seen = info.path
+            history.note_backup(info.path)
+            if first:
+                write_record(where["model_dir"], *where["record"])
+
+        on_train_batch_end = on_epoch_end = on_train_end = _check
+
+    return RecordBackups()
+
+
+def _lock_model_dir(config, where):
+    """Takes the model dir's lock for this run (see `tfdist.run_lock`)."""
+    from tfdist.run_lock import acquire
+
+    return acquire(config.model_dir, command=where["command"])
+
+
+def _alone_before_tensorflow(config):
+    """Whether this process trains alone (and so owns the model dir), known
+    from the flags and TF_CONFIG before TensorFlow starts."""
+    from tfdist.cluster import parse_tf_config
+
+    if config.strategy in _SINGLE_MACHINE:
+        return True
+    return (config.strategy == "auto" and config.cluster_resolver == "tf_config"
+            and parse_tf_config() is None)
+
+
+def _ignore_stray_tf_config(config):
+    """A single-machine strategy trains and writes alone: a TF_CONFIG left in
+    the environment is named in one warning line and ignored (removed from
+    this process's environment, so that nothing treats the run as a worker)."""
+    from tfdist.cluster import parse_tf_config
+
+    cluster = parse_tf_config()  # a malformed TF_CONFIG is still an error naming the field
+    if cluster is None:
+        return
+    tasks = sum(len(addresses) for addresses in cluster.cluster.values())
+    logger.warning(
+        "TF_CONFIG names this process %s %d of a %d-task cluster, but --strategy %s trains on "
+        "this machine alone: TF_CONFIG is ignored and this run trains and writes its outputs "
+        "by itself. Unset TF_CONFIG, or use --strategy multi_worker_mirrored to join the "
+        "cluster.", cluster.task_type, cluster.task_index, tasks, config.strategy)
+    os.environ.pop("TF_CONFIG", None)
+
+
+def _finished_anyway_line(signal_name):
+    """The line for a stop signal that arrived after the last training step."""
+    return (f"{signal_name} arrived after the last training step: the run had finished, so "
+            "there is nothing to resume (exit 0).")
+
+
+def _missing_outputs_line(recipe, model_dir, missing):
+    """The line for outputs the run announced but did not write."""
+    return (f"python -m tfdist.recipes.{recipe.name}: error: the run finished but did not write "
+            f"{', '.join(missing)} in {model_dir}; check that the folder is writable and has "
+            f"space, and that TF_CONFIG does not make this run a non-chief worker "
+            f"(exit {exit_codes.FAILED}).")
 
 
 def _steps_in(source, global_batch_size):
@@ -721,13 +1030,29 @@ def _final_block(history, data, speed):
 
 
 def _outputs_block(model_dir, backup_dir, profile_steps):
-    """Where the run's outputs went, and how to look at them."""
-    lines = [f"Outputs in {model_dir}:",
-             "  config.yaml        the configuration this run used (options and auto choices)",
-             "  training_log.csv   one row per epoch",
-             f"  tensorboard/       tensorboard --logdir {os.path.join(model_dir, 'tensorboard')}"
-             + (f" (profile of steps {profile_steps}: Profile tab)" if profile_steps else ""),
-             "  checkpoints/       weights at each epoch end"]
+    """Where the run's outputs went, and how to look at them: only what is there.
+
+    Returns:
+        (text, missing): the block, and the announced outputs not found.
+    """
+    tensorboard = os.path.join(model_dir, "tensorboard")
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    announced = [
+        ("config.yaml", os.path.isfile(os.path.join(model_dir, "config.yaml")),
+         "  config.yaml        the configuration of the run that wrote the newest backup "
+         "(every run's: runs/)"),
+        ("training_log.csv", os.path.isfile(os.path.join(model_dir, "training_log.csv")),
+         "  training_log.csv   one row per epoch"),
+        ("tensorboard/", os.path.isdir(tensorboard),
+         f"  tensorboard/       tensorboard --logdir {tensorboard}"
+         + (f" (profile of steps {profile_steps}: Profile tab)" if profile_steps else "")),
+        ("checkpoints/", os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)),
+         "  checkpoints/       weights at each epoch end"),
+    ]
     if backup_dir:
-        lines.append(f"  backups            {backup_dir} (rerun the same command to resume)")
-    return "\n".join(lines)
+        backup = _newest_backup(backup_dir)
+        announced.append(("a backup", backup is not None,
+                          f"  backups            {backup_dir} (rerun the same command to resume "
+                          f"from {_backup_name(backup) if backup else 'it'})"))
+    lines = [f"Outputs in {model_dir}:"] + [line for _, there, line in announced if there]
+    return "\n".join(lines), [name for name, there, _ in announced if not there]
