@@ -291,7 +291,7 @@ class BackupAndResume(keras.callbacks.Callback):
             try:
                 infos.append(read_backup(path))
             except ValueError as error:
-                reasons[path] = summarize_error(error.__cause__ or error)
+                reasons[path] = getattr(error, "reason", str(error))
                 warnings.warn(f"BackupAndResume: skipping backup {path}: it could not be read "
                               f"({reasons[path]}).", ResumeWarning, stacklevel=3)
         if not infos:

@@ -54,6 +54,7 @@ import tempfile
 import time
 import uuid
 
+import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.python.training import checkpoint_state_pb2
@@ -199,20 +200,46 @@ def read_backup(path):
     >>> read_backup("backup/ckpt-7").step
     3
     """
+    values, reason = _read_position(path)
+    if reason is not None:
+        error = ValueError(f"Cannot read the backup {path!r}: {reason}")
+        error.reason = reason  # the why alone, for messages that name the backup already
+        raise error
+    return BackupInfo(path=path, number=checkpoint_number(path), **values)
+
+
+def _read_position(path):
+    """The position values of backup `path` and None, or None and why they
+    cannot be read (one line)."""
     try:
         reader = tf.train.load_checkpoint(path)
         keys = [f"position/{key}/.ATTRIBUTES/VARIABLE_VALUE" for key in POSITION_KEYS]
         missing = [key for key in keys if not reader.has_tensor(key)]
         if missing:
-            raise ValueError(
-                f"Cannot read the backup {path!r}: it holds no training position ({missing[0]} "
-                "is missing). It must be a checkpoint written by tfdist's BackupAndResume.")
+            return None, (f"it holds no training position ({missing[0]} is missing); it must be "
+                          "a checkpoint written by tfdist's BackupAndResume")
         values = {name: int(reader.get_tensor(key)) for name, key in zip(POSITION_KEYS, keys,
                                                                            strict=True)}
+        short = _data_shortfall(path, reader)
     except (tf.errors.OpError, IndexError, KeyError) as error:
         # A short (truncated) data file raises IndexError from TF's reader.
-        raise ValueError(f"Cannot read the backup {path!r}: {summarize_error(error)}") from error
-    return BackupInfo(path=path, number=checkpoint_number(path), **values)
+        return None, summarize_error(error)
+    return (None, short) if short else (values, None)
+
+
+def _data_shortfall(path, reader):
+    """Why the data files are shorter than the tensors they hold (a truncated
+    backup: TF reads the tensors before the cut without a word), or None.
+    Reads the object graph (checksummed) to know its size."""
+    graph = reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    needed = len(graph) + sum(int(np.prod(shape)) * dtypes[key].size
+                              for key, shape in shapes.items() if dtypes[key] != tf.string)
+    held = sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(path + ".data-?????-of-?????"))
+    if held < needed:
+        return (f"its data files hold {held} bytes, fewer than the {needed} of its tensors "
+                "(truncated)")
+    return None
 
 
 def list_backups(backup_dir):
@@ -378,7 +405,10 @@ def survey_backups(backup_dir, refuse=True):
         return BackupSurvey(backup_dir, [])
     files, debris, temporary = _files_by_number(backup_dir)
     index = os.path.join(backup_dir, INDEX_NAME)
-    entries, problem = _parse_index(index)
+    exists = tf.io.gfile.exists(index)
+    if not exists and not files:  # nothing written yet, or only a first write's debris
+        return BackupSurvey(backup_dir, [], debris=debris)
+    entries, problem = _parse_index(index) if exists else (None, f"the index {index} is missing")
     if entries is not None:
         missing = [name for name, _ in entries if not _complete(files.get(checkpoint_number(name)))]
         if missing:
@@ -387,12 +417,10 @@ def survey_backups(backup_dir, refuse=True):
     if problem is None:
         return _survey_with_index(backup_dir, entries, files, debris, temporary)
     survey = _survey_rebuilt(backup_dir, problem, files, debris, temporary)
-    present = entries is not None or problem != "missing" or survey.unreadable
-    if refuse and not survey.committed and present:
+    if refuse and not survey.committed and (exists or survey.unreadable):
         reasons = "; ".join(f"{name}: {reason}" for name, reason in survey.unreadable.items())
-        what = problem if problem != "missing" else f"the index {index} is missing"
         raise BackupIndexError(
-            f"{_capitalized(what)}, and no backup in {backup_dir} can be read"
+            f"{_capitalized(problem)}, and no backup in {backup_dir} can be read"
             + (f" ({reasons})" if reasons else "")
             + "; nothing was deleted. Restore the files, or move the folder away (or use "
             "another backup folder) to start over.")
@@ -433,11 +461,7 @@ def _complete(names):
 
 def _readable(backup_dir, number):
     """None when backup `number` can be read, else the reason."""
-    try:
-        read_backup(os.path.join(backup_dir, f"{CHECKPOINT_NAME}-{number}"))
-    except ValueError as error:
-        return summarize_error(error.__cause__ or error)
-    return None
+    return _read_position(os.path.join(backup_dir, f"{CHECKPOINT_NAME}-{number}"))[1]
 
 
 def _survey_with_index(backup_dir, entries, files, debris, temporary):
@@ -468,7 +492,7 @@ def _survey_rebuilt(backup_dir, problem, files, debris, temporary):
         reason = (_readable(backup_dir, number) if _complete(names)
                   else "its index or data files are missing")
         if reason is None:
-            stamp = tf.io.gfile.stat(os.path.join(backup_dir, name + ".index")).mtime_nanos / 1e9
+            stamp = tf.io.gfile.stat(os.path.join(backup_dir, name + ".index")).mtime_nsec / 1e9
             committed.append((name, stamp))
         elif number in temporary:
             debris += names  # a write interrupted before it was complete
@@ -482,9 +506,7 @@ def _survey_rebuilt(backup_dir, problem, files, debris, temporary):
 
 def _parse_index(index):
     """The index's entries as (name, timestamp) pairs, oldest first, and None;
-    or None and why it cannot be used ("missing" when there is none)."""
-    if not tf.io.gfile.exists(index):
-        return None, "missing"
+    or None and why it cannot be used."""
     try:
         with tf.io.gfile.GFile(index, "rb") as stream:
             raw = stream.read()
@@ -620,8 +642,9 @@ class BackupWriter:
             needs = "the next backup needs more than that"
             kept = "no earlier backup was there"
         full = _is_full_disk(error)
+        reason = "No space left on device" if full else summarize_error(error)
         message = (f"BackupAndResume: could not write backup {name} into {self.backup_dir} "
-                   f"({summarize_error(error)}); {_free_space(self.backup_dir)} free there, "
+                   f"({reason}); {_free_space(self.backup_dir)} free there, "
                    f"{needs}. Its partial files were removed and {kept}. Free space there (or "
                    "use another backup folder) and rerun to resume from the last backup.")
         failure = BackupWriteError(message)
