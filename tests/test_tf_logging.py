@@ -50,10 +50,8 @@ def _import_in_fresh_process(level):
                           timeout=120)
 
 
-def test_import_is_quiet_by_default_and_says_everything_at_level_0():
-    quiet = _import_in_fresh_process(None)
-    assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stderr.splitlines() == [f"imported {quiet.stderr.split()[1]}"], quiet.stderr
+def test_import_says_everything_at_level_0():
+    """(Quiet by default: see the tfdist-first program below, the same filter.)"""
     loud = _import_in_fresh_process(0)
     assert loud.returncode == 0, loud.stderr
     assert PREAMBLE in loud.stderr and "I0000" in loud.stderr
