@@ -9,6 +9,7 @@ import pytest
 from mw import launch
 from recipe_util import run_recipe
 from tfdist.callbacks.backup import latest_backup, list_backups, read_backup
+from tfdist.recipes.record import history_entries
 
 # 24 steps per epoch, a backup every 2 steps, 2 kept; pinned float32 (same
 # numbers on every CPU), no learning-rate warmup (the guard judges from step 21).
@@ -26,6 +27,7 @@ def test_a_diverged_run_exits_2_keeps_the_good_backup_and_a_sane_rerun_resumes(t
     first = run_recipe("transformer", [*args, "--epochs", "1"])
     assert first.returncode == 0, first.stdout[-3000:]
     assert latest_backup(backup_dir).global_step == 24
+    record = (model_dir / "config.yaml").read_bytes()
 
     # AdamW at 1e6 (the issue): the first update from the backup sends the loss to
     # ~1e12, finite. Without the guard this run exited 0 and rotated the good backups out.
@@ -46,9 +48,16 @@ def test_a_diverged_run_exits_2_keeps_the_good_backup_and_a_sane_rerun_resumes(t
     assert "lower --learning-rate" in out
     # The backup of step 26 (diverged weights) is gone; the one from before is the newest.
     assert [read_backup(p).global_step for p in list_backups(backup_dir)] == [24]
+    # The record stays the one of the run that wrote the backup left; the diverged
+    # run is kept in the history.
+    assert (model_dir / "config.yaml").read_bytes() == record
+    diverged_entry = history_entries(str(model_dir))[-1]
+    assert diverged_entry["options"]["learning_rate"] == 1e6 and diverged_entry["exit_code"] == 2
+    assert "DivergenceError" in diverged_entry["outcome"]
 
     rerun = run_recipe("transformer", [*args, "--epochs", "2", "--learning-rate", "3e-4"])
     assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert "learning_rate: 0.003 -> 0.0003" in rerun.stdout  # against the backup's writer
     assert (f"resuming from {good} at epoch 1 step 0 (global step 24, optimizer iteration 24)"
             in rerun.stdout)
     final_loss = re.search(r"^\s*loss\s+([0-9.]+)\s", rerun.stdout, re.MULTILINE)
@@ -78,6 +87,12 @@ def test_two_workers_stop_at_the_same_step_and_keep_the_good_backup(tmp_path):
     assert stops[0].startswith("global step 28 ")
     assert re.search(r"worker \d failed with exit code 2", diverged.stdout)
     assert [read_backup(p).global_step for p in list_backups(backup_dir)] == [24]
+    # The record stays the one of the run that wrote the backup left; the diverged
+    # run is kept in the history.
+    assert (model_dir / "config.yaml").read_bytes() == record
+    diverged_entry = history_entries(str(model_dir))[-1]
+    assert diverged_entry["options"]["learning_rate"] == 1e6 and diverged_entry["exit_code"] == 2
+    assert "DivergenceError" in diverged_entry["outcome"]
 
 
 def test_a_bad_divergence_factor_exits_2_before_tensorflow_naming_it():

@@ -173,24 +173,48 @@ def test_a_model_dir_that_is_a_file_or_under_one_exits_2_with_one_line(tmp_path)
     assert notes.read_text() == "mine\n"
 
 
-def test_a_read_only_model_dir_exits_2_with_one_line(tmp_path):
-    """A read-only tmpfs mounted in a private user and mount namespace (no root needed)."""
+def in_private_mounts(script, *command, timeout=300):
+    """Runs `sh -c script sh command...` as root of a new user and mount namespace
+    (no real root needed), where it can mount tmpfs; stdout and stderr merged."""
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no user namespaces here to mount a read-only file system")
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    script = (f'mount -t tmpfs -o ro,size=1m tmpfs "{mount}" && exec "$@"')
+        pytest.skip("no user namespaces here to mount a small or read-only file system")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)
-    result = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", sys.executable, "-m",
-                             "tfdist.recipes.transformer", *TINY, "--model-dir",
-                             str(mount / "run")], cwd=REPO_ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *command], cwd=REPO_ROOT,
+                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_read_only_or_full_disk_is_one_line_and_exit_2(tmp_path):
+    """A read-only tmpfs (refused before TensorFlow) and a 3 MB one that fills at the
+    first backup (the tiny Transformer's backup with AdamW needs ~5 MB)."""
+    read_only, small = tmp_path / "ro", tmp_path / "small"
+    read_only.mkdir()
+    small.mkdir()
+    recipe = [sys.executable, "-m", "tfdist.recipes.transformer", *TINY]
+    result = in_private_mounts(f'mount -t tmpfs -o ro,size=1m tmpfs "{read_only}" && exec "$@"',
+                               *recipe, "--model-dir", str(read_only / "run"))
     assert result.returncode == exit_codes.BAD_INPUT, result.stdout[-3000:]
     no_traceback(result.stdout)
-    assert (f"{PROG}: error: cannot write {mount / 'run'}: Read-only file system. The folder is "
-            "read-only") in result.stdout, result.stdout
+    assert (f"{PROG}: error: cannot write {read_only / 'run'}: Read-only file system. The "
+            "folder is read-only") in result.stdout, result.stdout
+
+    # The file system exists only in the namespace: its files are listed before it goes.
+    result = in_private_mounts(
+        f'mount -t tmpfs -o size=3m tmpfs "{small}" || exit 99; "$@"; code=$?; '
+        f'echo "--- files"; cd "{small}/run" && find . -type f | sort; exit $code',
+        *recipe, "--backup-every", "3", "--model-dir", str(small / "run"))
+    out, files = result.stdout.split("--- files\n")
+    assert result.returncode == exit_codes.BAD_INPUT, out[-3000:]
+    no_traceback(out)
+    errors = [line for line in out.splitlines() if line.startswith(f"{PROG}: error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0], out[-3000:]
+    assert "_temp" not in files and "ckpt-1." not in files, files  # no partial backup left
+    assert "./config.yaml" in files.split() and "./.tfdist.lock" in files.split(), files
+    [entry] = [name for name in files.split() if name.startswith("./runs/")]
+    assert re.fullmatch(r"\./runs/001-\d{8}-\d{6}\.yaml", entry), files
 
 
 # --- a stray TF_CONFIG, the record and a refused resume --------------------------------------
