@@ -198,6 +198,21 @@ def test_a_folder_with_no_readable_backup_is_refused_with_one_line(backup_dir, i
         assert files_of(backup_dir) == before
 
 
+def test_a_valid_index_whose_backups_are_all_truncated_is_refused_with_the_reasons(backup_dir):
+    for number in (1, 2, 3):
+        truncate(str(backup_dir / f"ckpt-{number}.{DATA}"))
+    before = files_of(backup_dir)
+    with pytest.raises(BackupIndexError, match="None of the backups in .* can be read") as seen:
+        latest_backup(backup_dir)
+    assert str(seen.value).count("(truncated)") == 3 and "\n" not in str(seen.value)
+    with pytest.warns(ResumeWarning), pytest.raises(ValueError) as refused:
+        resume(backup_dir)
+    message = str(refused.value)
+    assert "none of the backups in" in message and message.count("(truncated)") == 3
+    assert "\n" not in message and "move the folder away" in message
+    assert files_of(backup_dir) == before
+
+
 # ------------------------------------------------- unreadable backups, with the reason
 def test_a_corrupt_newest_backup_says_why_and_the_previous_one_resumes(backup_dir):
     flip_kernel_byte(str(backup_dir / "ckpt-3"))

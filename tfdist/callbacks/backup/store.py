@@ -222,7 +222,10 @@ def _read_position(path):
                                                                            strict=True)}
         short = _data_shortfall(path, reader)
     except (tf.errors.OpError, IndexError, KeyError) as error:
-        # A short (truncated) data file raises IndexError from TF's reader.
+        # A short (truncated) data file raises IndexError from TF's reader,
+        # or "Read less bytes than requested".
+        if isinstance(error, IndexError) or "Read less bytes than requested" in str(error):
+            return None, "its data files end before the tensors its index lists (truncated)"
         return None, summarize_error(error)
     return (None, short) if short else (values, None)
 
@@ -283,17 +286,18 @@ def latest_backup(backup_dir):
     >>> latest_backup("backup").path
     'backup/ckpt-8'
     """
-    paths = list_backups(backup_dir)
+    paths, reasons = list_backups(backup_dir), []
     for path in reversed(paths):
         try:
             return read_backup(path)
         except ValueError as error:
             logger.warning("Skipping unreadable backup: %s", error)
+            reasons.append(f"{os.path.basename(path)}: {getattr(error, 'reason', error)}")
     if paths:
         raise BackupIndexError(
-            f"None of the backups in {os.fspath(backup_dir)} can be read ("
-            f"{', '.join(os.path.basename(p) for p in paths)}); nothing was deleted. Restore "
-            "the files, or move the folder away (or use another backup folder) to start over.")
+            f"None of the backups in {os.fspath(backup_dir)} can be read ({'; '.join(reasons)}); "
+            "nothing was deleted. Restore the files, or move the folder away (or use another "
+            "backup folder) to start over.")
     return None
 
 
@@ -646,7 +650,7 @@ class BackupWriter:
         message = (f"BackupAndResume: could not write backup {name} into {self.backup_dir} "
                    f"({reason}); {_free_space(self.backup_dir)} free there, "
                    f"{needs}. Its partial files were removed and {kept}. Free space there (or "
-                   "use another backup folder) and rerun to resume from the last backup.")
+                   "use another backup folder) and rerun.")
         failure = BackupWriteError(message)
         failure.errno = errno.ENOSPC if full else getattr(error, "errno", None)
         return failure
