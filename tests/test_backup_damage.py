@@ -349,6 +349,22 @@ def test_a_disk_full_during_a_write_removes_the_partial_backup_and_keeps_the_las
     np.testing.assert_array_equal(restored.numpy(), np.full(20000, last, np.float32))
 
 
+def test_a_worker_whose_temporary_directory_is_full_says_so_and_leaves_nothing(
+        full_disk, monkeypatch):
+    if full_disk is None:
+        pytest.skip("mounting a small tmpfs is not permitted here")
+    monkeypatch.setattr(tempfile, "tempdir", str(full_disk))
+    variable = tf.Variable(np.zeros(200000, np.float32))  # 800 KB: more than the 320 KB there
+    writer = BackupWriter(tf.train.Checkpoint(v=variable), full_disk / "unused", 2,
+                          is_chief=False, worker_name="worker1")
+    with pytest.raises(BackupWriteError) as failed:
+        writer.write(1)
+    message = str(failed.value)
+    assert "\n" not in message and "temporary copy of backup 1" in message
+    assert str(full_disk) in message and "free there" in message and "TMPDIR" in message
+    assert os.listdir(full_disk) == []  # its partial copy is gone
+
+
 # ------------------------------------------------- temporary folders of killed workers
 def test_temporary_folders_of_dead_workers_are_removed_and_live_ones_kept(tmp_path,
                                                                           monkeypatch):
