@@ -674,7 +674,8 @@ def _train(recipe, config, where):
         os.path.join(config.model_dir, "backup") if config.model_dir else None)
     where["backup_dir"] = backup_dir  # named by the stop lines, from the start
     if config.model_dir and _alone_before_tensorflow(config):
-        where["lock"] = _lock_model_dir(config, where)  # before TensorFlow: a busy dir exits at once
+        # Before TensorFlow: a model dir in use is refused at once.
+        where["lock"] = _lock_model_dir(config, where)
     # TensorFlow starts only after the flags are known to be good, quietly
     # unless asked, and logical devices are split before it initialises
     # (create_strategy does that).
@@ -806,9 +807,6 @@ def _train(recipe, config, where):
             f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
     if config.skip_corrupt_records:
         say(_skipped_line([data.train, data.validation], info.num_workers))
-    late = getattr(guard, "signal_after_last_step", None) or signals.pending()
-    if late:
-        print(_finished_anyway_line(late), file=sys.stderr, flush=True)
     if config.model_dir and info.is_chief:
         block, missing = _outputs_block(config.model_dir, backup_dir, config.profile_steps)
         print(block)
@@ -817,6 +815,11 @@ def _train(recipe, config, where):
             print(_missing_outputs_line(recipe, config.model_dir, missing), file=sys.stderr,
                   flush=True)
             return exit_codes.FAILED
+    # A SIGTERM/SIGINT taken at the last step, or still pending (it came later).
+    late = getattr(guard, "signal_after_last_step", None) or signals.pending()
+    if late:
+        where["outcome"] = f"finished; {late} arrived after the last training step"
+        print(_finished_anyway_line(late), file=sys.stderr, flush=True)
     return exit_codes.FINISHED
 
 
