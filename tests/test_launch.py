@@ -482,3 +482,33 @@ def test_two_tensorflow_workers_all_reduce():
     assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
     for rank in range(2):
         assert f"replicas=2 task={rank} allreduce=3" in lines_of(out, rank), out
+
+
+def test_a_stale_folder_is_one_whose_launcher_is_certainly_gone(tmp_path):
+    # Real processes: a live one (sleep) and a finished one; owner files as a launcher writes them.
+    from tfdist.launch import scratch
+    live = subprocess.Popen(["sleep", "30"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        here = scratch._identity(live.pid)
+        owners = {
+            "live": here,
+            "reused_pid": dict(here, started=here["started"] - 1),  # the pid now runs another
+            "dead": dict(here, pid=dead.pid),
+            "other_boot": dict(here, boot="another-boot-id"),
+            "other_container": dict(here, pid=dead.pid, pid_namespace="pid:[1]"),
+        }
+        for name, owner in owners.items():
+            folder = tmp_path / f"tfdist-launch-{owner['pid']}-{name}"
+            folder.mkdir()
+            (folder / "owner").write_text(json.dumps(owner))
+        (tmp_path / "tfdist-launch-no-owner-file").mkdir()
+        removed = scratch.remove_stale_ready_dirs(str(tmp_path))
+        assert sorted(os.path.basename(path).split("-", 3)[3] for path in removed) == [
+            "dead", "other_boot", "reused_pid"]
+        assert sorted(p.name.split("-", 3)[3] for p in tmp_path.iterdir()) == [
+            "live", "other_container", "owner-file"]
+    finally:
+        live.kill()
+        live.wait()
