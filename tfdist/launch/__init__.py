@@ -25,9 +25,11 @@ Every worker's environment has:
 - CUDA_VISIBLE_DEVICES = the i-th K of the launcher's GPUs when
   --gpus-per-worker K is given (too few GPUs is an error before any worker
   starts; see `tfdist.launch.gpus`);
-- TFDIST_READY_FILE: a path in a temporary directory the launcher owns. The
-  worker creates it once its strategy is up (tfdist's strategy factory does;
-  other programs can touch it themselves).
+- TFDIST_READY_FILE: a path in a temporary directory the launcher owns
+  ($TMPDIR/tfdist-launch-PID-*, removed when it ends; that of a killed
+  launcher is removed by the next launcher to start). The worker creates it
+  once its strategy is up (tfdist's strategy factory does; other programs can
+  touch it themselves).
 
 Each output line is prefixed with its worker, e.g. "[worker 1] loss 0.3";
 workers' stdout goes to stdout, their stderr and the launcher's own messages
