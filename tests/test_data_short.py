@@ -84,7 +84,14 @@ def test_an_epoch_longer_than_the_data_is_said_with_the_number_of_passes(tmp_pat
         "the 55 training examples: each epoch repeats the data")
     assert describe_epoch_passes(source, 5, 11) is None  # exactly one pass
     assert describe_epoch_passes(source, 8, 7) == (
-        "--steps-per-epoch 7 x global batch 8 = 56 examples per epoch, 1.0 passes over the 55 "
+        "--steps-per-epoch 7 x global batch 8 = 56 examples per epoch, 1.02 passes over the 55 "
+        "training examples: each epoch repeats the data")
+    # Packed text: the windows are counted (90 bytes, a token each: 10 windows of 8 + 1).
+    (tmp_path / "ten.txt").write_text("abcdefgh\n" * 10)
+    text = make_source(f"text:{tmp_path / 'ten.txt'}", sequence_length=8)
+    assert count_examples(text) == 10
+    assert describe_epoch_passes(text, 4, 5) == (
+        "--steps-per-epoch 5 x global batch 4 = 20 examples per epoch, 2 passes over the 10 "
         "training examples: each epoch repeats the data")
     # A source that knows its size is not read; counting stops at the limit.
     assert count_examples(make_source("embedded", num_examples=100), limit=99) is None

@@ -292,7 +292,8 @@ def distribute_dataset(strategy, source, global_batch_size, *, input_options=Non
 def count_examples(source, limit=None, time_budget=COUNT_SECONDS):
     """The number of examples in `source`: known, or counted by reading it.
 
-    A source that knows its size (`num_examples`) is not read. Otherwise its
+    A source that knows its size (`num_examples`; not a packed sequence
+    source, whose size counts documents) is not read. Otherwise its
     examples are counted in one pass (sequence sources: decoded and packed
     as training sees them; other sources: one example per record), stopping
     at `limit` examples or after `time_budget` seconds. Skipped corrupt
@@ -314,6 +315,8 @@ def count_examples(source, limit=None, time_budget=COUNT_SECONDS):
     55
     """
     known = source.num_examples
+    if _packed(source):
+        known = None  # the documents' count, not the windows packed from them
     if known is not None:
         return known if limit is None or known <= limit else None
     deadline = time.monotonic() + time_budget
@@ -367,21 +370,30 @@ def describe_epoch_passes(source, global_batch_size, steps_per_epoch, *,
     examples = count_examples(source, limit=per_epoch, time_budget=time_budget)
     if not examples or examples >= per_epoch:
         return None
+    passes = per_epoch / examples
+    passes = round(passes, 1 if passes >= 10 else 2)
     return (f"{steps_name} {steps_per_epoch} x global batch {global_batch_size} = {per_epoch} "
-            f"examples per epoch, {per_epoch / examples:.1f} passes over the {examples} training "
-            "examples: each epoch repeats the data")
+            f"examples per epoch, {passes:g} passes over the {examples} training examples: each "
+            "epoch repeats the data")
 
 
 def _examples(source):
     """Every example of `source` (one element per example), for counting."""
     from tfdist.data.source import SequenceSource
 
-    records = source.read_all()
+    files = list(source.files) if source.files else None
+    records = source.read(sharding.plan_sharding(source.num_files, 1, 0, files=files))
     if not isinstance(source, SequenceSource):
         return records.map(lambda *_: 0)  # one record, one example
     decoded = records.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True)
     return source.to_examples(decoded).map(lambda *_: 0)
+
+
+def _packed(source):
+    from tfdist.data.source import SequenceSource
+
+    return isinstance(source, SequenceSource) and bool(source.pack)
 
 
 @contextlib.contextmanager
