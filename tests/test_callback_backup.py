@@ -302,7 +302,7 @@ def test_a_backup_killed_mid_write_leaves_the_previous_one_loadable(tmp_path):
                                model.layers[0].bias.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_clean_uncommitted_removes_only_files_the_index_does_not_name(tmp_path):
+def test_clean_uncommitted_removes_only_the_debris_of_interrupted_writes(tmp_path):
     backup_dir = tmp_path / "backup"
     variable = tf.Variable([1.0, 2.0])
     writer = BackupWriter(tf.train.Checkpoint(v=variable), backup_dir, 2, is_chief=True)
