@@ -18,16 +18,18 @@ import time
 from tfdist.launch import cluster as cluster_lib
 from tfdist.launch import gpus as gpus_lib
 from tfdist.launch import processes, scratch
+from tfdist.exit_codes import (LAUNCH_CANNOT_START, LAUNCH_NOT_EXECUTABLE,
+                               LAUNCH_STARTUP_TIMEOUT, LAUNCH_TIMEOUT)
+from tfdist.exit_codes import PREEMPTED as PREEMPTED_EXIT_CODE
 from tfdist.launch.output import OutputPump, Sink
-from tfdist.stop_signals import PREEMPTED_EXIT_CODE
 from tfdist.tf_logging import worker_stderr_sink
 
-EXIT_TIMEOUT = 124
-"""Exit status when the job deadline (`timeout`) passes."""
-EXIT_STARTUP_TIMEOUT = 125
-"""Exit status when a worker is not ready by the start-up deadline."""
-EXIT_CANNOT_START = 127
-"""Exit status when the command cannot be started (e.g. not found)."""
+EXIT_TIMEOUT = LAUNCH_TIMEOUT
+"""Exit status when the job deadline (`timeout`) passes (124)."""
+EXIT_STARTUP_TIMEOUT = LAUNCH_STARTUP_TIMEOUT
+"""Exit status when a worker is not ready by the start-up deadline (125)."""
+EXIT_CANNOT_START = LAUNCH_CANNOT_START
+"""Exit status when the command cannot be started, e.g. not found (127)."""
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals to the launcher that are forwarded to the workers before stopping."""
@@ -37,7 +39,7 @@ DRAIN_SECONDS = 2.0
 MESSAGE_PREFIX = "tfdist.launch: "
 DEFAULT_GRACE_PERIOD = 30.0
 """Seconds workers get to save a backup and exit after SIGTERM (Kubernetes' default)."""
-NOT_RESTARTED = (EXIT_TIMEOUT, EXIT_CANNOT_START, 126)
+NOT_RESTARTED = (EXIT_TIMEOUT, EXIT_CANNOT_START, LAUNCH_NOT_EXECUTABLE)
 """Job outcomes a restart cannot mend: the job deadline, a command that cannot start."""
 
 
@@ -300,7 +302,8 @@ class _Job:
                 self.say(f"cannot start {label} ({shlex.join(self.command)}): "
                          f"{error}; stopping the workers already started.")
                 self._stop(signal.SIGTERM)
-                return 126 if isinstance(error, PermissionError) else EXIT_CANNOT_START
+                return (LAUNCH_NOT_EXECUTABLE if isinstance(error, PermissionError)
+                        else EXIT_CANNOT_START)
             self.procs.append(proc)
             self.pump.add(proc.stdout, f"[{label}] ", self.out)
             # TensorFlow's import-time C++ lines ignore TF_CPP_MIN_LOG_LEVEL: filtered here.
