@@ -287,7 +287,8 @@ def _environment_line(prog, error, where, number=None):
     resume = f" A rerun then resumes from {backup}." if backup else ""
     if type(error).__module__.startswith("tfdist"):  # tfdist's own errors (BackupWriteError) say it all
         return f"{prog}: error: {type(error).__name__}: {error}{resume}"
-    number = number if number is not None else getattr(error, "errno", None)
+    number = number if number is not None else (getattr(error, "errno", None)
+                                                 or _environment_errno(error))
     path = getattr(error, "filename", None)
     text = (error.strerror if getattr(error, "strerror", None)
             else _summary(str(getattr(error, "message", error))))
@@ -355,7 +356,7 @@ def _summary(text, limit=SUMMARY_LENGTH):
 
     Example:
 
-    >>> _summary("Graph execution error:\n\nConnection reset by peer " * 3, 30)
+    >>> _summary("Graph execution error:\n\n" + "Connection reset by peer " * 3, 30)
     'Connection reset by peer…'
     """
     lines = [line.strip() for line in text.splitlines()
