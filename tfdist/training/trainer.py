@@ -266,7 +266,12 @@ class Trainer:
     The model (and its optimizer) must be created and compiled inside
     `strategy.scope()`. Arguments given here override the matching
     `compile()` argument (the model is compiled again with them, inside the
-    scope); the others keep their compiled value. A model that was never
+    scope); the others keep their compiled value. Like Keras's `fit`, each
+    `fit` / `evaluate` / `predict` follows the model's latest `compile()` and
+    trainable variables (fine-tuning: `base.trainable = True` and a new
+    `model.compile(...)` between two `fit` calls of one trainer), building its
+    step functions again only when one of them changed; the arguments given
+    here keep overriding. A model that was never
     compiled needs at least `optimizer` (and `loss`, unless it overrides
     `compute_loss` or `train_step`).
 
