@@ -27,8 +27,9 @@ from test_callback_backup import Interrupted, InterruptAt, make_trainer, train
 from tfdist.callbacks.backup import (BackupAndResume, BackupIndexError, BackupWriteError,
                                      BackupWriter, ResumeWarning, describe_backup,
                                      latest_backup, list_backups, read_backup)
-from tfdist.callbacks.backup.store import (remove_stale_temporary_folders, summarize_error,
-                                           survey_backups)
+from tfdist.callbacks.backup.errors import summarize_error
+from tfdist.callbacks.backup.index import survey_backups
+from tfdist.callbacks.backup.writer import remove_stale_temporary_folders
 from workers import train_common as common
 
 DATA = "data-00000-of-00001"

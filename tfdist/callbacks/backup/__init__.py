@@ -14,9 +14,10 @@ e.g. a full disk) are the errors an operator must act on.
 """
 
 from tfdist.callbacks.backup.callback import BackupAndResume, ResumeWarning
-from tfdist.callbacks.backup.store import (BackupIndexError, BackupInfo, BackupWriteError,
-                                           BackupWriter, describe_backup, latest_backup,
-                                           list_backups, read_backup)
+from tfdist.callbacks.backup.errors import BackupIndexError, BackupWriteError
+from tfdist.callbacks.backup.index import latest_backup, list_backups
+from tfdist.callbacks.backup.store import BackupInfo, describe_backup, read_backup
+from tfdist.callbacks.backup.writer import BackupWriter
 
 __all__ = ["BackupAndResume", "BackupIndexError", "BackupInfo", "BackupWriteError",
            "BackupWriter", "ResumeWarning", "describe_backup", "latest_backup", "list_backups",

@@ -8,8 +8,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.callbacks.backup.good import GoodBackups
-from tfdist.callbacks.backup.store import (BackupInfo, BackupWriter, read_backup,
-                                           summarize_error, survey_backups)
+from tfdist.callbacks.backup.errors import summarize_error
+from tfdist.callbacks.backup.index import survey_backups
+from tfdist.callbacks.backup.store import BackupInfo, read_backup
+from tfdist.callbacks.backup.writer import BackupWriter
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.callbacks.loss_health import loss_health
 from tfdist.strategy import describe_strategy
