@@ -96,6 +96,34 @@ def test_each_fault_gets_its_documented_code_and_one_line(tmp_path):
         _known_fault(PROG, KeyError("a bug"), dict(where))  # not a known fault: a traceback
 
 
+def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.callbacks import BackupAndResume
+    from tfdist.stop_signals import Preempted
+    from tfdist.recipes.runner import _preempted_line
+
+    backup_dir = str(tmp_path / "m" / "backup")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((16, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0,
+              callbacks=[BackupAndResume(backup_dir, verbose=0)])
+    where = {"model_dir": str(tmp_path / "m"), "backup_dir": backup_dir}
+    _, lost = _known_fault(PROG, tf.errors.UnavailableError(None, None, "Socket closed"), where)
+    assert lost.endswith(f"to resume from the last backup in {backup_dir} (ckpt-1, global step "
+                         "2)."), lost
+    _, full = _known_fault(PROG, OSError(errno.ENOSPC, "No space left on device"), where)
+    assert full.endswith(f"A rerun then resumes from ckpt-1 (global step 2) in {backup_dir}."), full
+    stop = Preempted("SIGTERM in epoch 1 after step 1", signal_name="SIGTERM")
+    assert _preempted_line(stop, where) == (
+        "Stopped by SIGTERM in epoch 1 after step 1: no backup could be written (the loss was "
+        f"not finite); rerunning resumes from the last backup, ckpt-1 (global step 2) in "
+        f"{backup_dir}.")
+
+
 def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_path):
     assert _summary("Graph execution error:\n\nshort one\nsecond") == "short one"
     text = "Socket closed by the peer while the collective waited " * 10

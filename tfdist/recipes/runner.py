@@ -333,11 +333,10 @@ def _newest_backup(backup_dir):
 
 
 def _describe_backup(info):
-    """`PATH (global step N)` for a BackupInfo (the backup package's wording when it has one)."""
-    from tfdist.callbacks.backup import store
+    """`ckpt-N (global step S) in DIR` for a BackupInfo (the backup package's wording)."""
+    from tfdist.callbacks import describe_backup
 
-    describe = getattr(store, "describe_backup", None)
-    return describe(info) if describe else f"{info.path} (global step {info.global_step})"
+    return describe_backup(info)
 
 
 def _backup_name(info):
