@@ -138,6 +138,17 @@ def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_p
     assert full.startswith(str(tmp_path / "m" / "errors")) and text in open(full).read()
 
 
+def test_single_machine_strategies_are_the_chief_whatever_tf_config_says(monkeypatch):
+    from tfdist.strategy import create_strategy, describe_strategy, task_info
+
+    monkeypatch.setenv("TF_CONFIG", STRAY_TF_CONFIG)
+    assert task_info() == ("worker", 1, False)  # no strategy: TF_CONFIG's rule
+    strategy = create_strategy("one_device")
+    assert task_info(strategy) == (None, 0, True) and describe_strategy(strategy).is_chief
+    with strategy.scope():
+        assert task_info() == (None, 0, True)  # what callbacks see inside the run
+
+
 def test_the_outputs_block_lists_only_what_is_there(tmp_path):
     (tmp_path / "config.yaml").write_text("options: {}\n")
     (tmp_path / "training_log.csv").write_text("epoch\n")
