@@ -604,7 +604,7 @@ def _print_config(recipe, config):
         resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
-    return 0
+    return exit_codes.FINISHED
 
 
 def _gpu_memory_line(config, gpus):
@@ -661,7 +661,7 @@ def _serve(recipe, config, cluster):
           f"{cluster.own_address} serves the parameter-server chief (the chief trains, logs and "
           "backs up; this task stops with SIGTERM).", flush=True)
     serve_task(cluster, on_ready=write_ready_file)
-    return 0
+    return exit_codes.FINISHED
 
 
 def _train(recipe, config, where):
