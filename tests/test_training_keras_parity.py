@@ -5,6 +5,8 @@ state, `evaluate()` returns Keras's order, and `predict()` returns a
 same programs run on 2 workers in tests/test_keras_programs_multiworker.py.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -16,9 +18,15 @@ from workers.train_common import mirrored
 
 
 # ------------------------------------------------- following the model (item 1)
+@functools.lru_cache(maxsize=1)
+def keras_fine_tuning():
+    """Two-phase Keras fit on one device (computed once for the tests below)."""
+    return programs.keras_fine_tune()
+
+
 @pytest.mark.parametrize("replicas", [None, 2])
 def test_fine_tuning_on_one_trainer_equals_two_phase_keras_fit(replicas):
-    expected = programs.keras_fine_tune()
+    expected = keras_fine_tuning()
     strategy = None if replicas is None else mirrored(replicas)
     actual = programs.tfdist_fine_tune(strategy)
     programs.assert_same_fine_tuning(actual, expected)
@@ -27,7 +35,7 @@ def test_fine_tuning_on_one_trainer_equals_two_phase_keras_fit(replicas):
 def test_fine_tuning_comparison_can_fail():
     """Had the trainer kept the frozen base and the first learning rate, the
     weights would end elsewhere."""
-    reference, _ = programs.keras_fine_tune()
+    reference, _ = keras_fine_tuning()
     model, arguments, _ = programs.fine_tuning()
     model.fit(verbose=0, **arguments)
     model.fit(verbose=0, **arguments)  # phase 2 as if nothing had changed
@@ -38,6 +46,7 @@ def test_fine_tuning_comparison_can_fail():
 
 def test_an_unchanged_model_keeps_its_step_functions():
     model, arguments = programs.class_weights(mirrored(2))
+    arguments.update(epochs=1, validation_split=0.0)
     trainer = Trainer(model)
     trainer.fit(verbose=0, **arguments)
     steps = trainer._steps
@@ -112,10 +121,11 @@ def test_evaluate_returns_keras_values_in_keras_order(program, replicas):
                       verbose=0)
     expected = expected_model.evaluate(**evaluation)
     model, _ = program(None if replicas is None else mirrored(replicas))
-    actual = Trainer(model).evaluate(**evaluation)
+    trainer = Trainer(model)
+    actual = trainer.evaluate(**evaluation)
     assert isinstance(actual, list) and len(actual) > 2
     np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
-    named = Trainer(model).evaluate(**evaluation, return_dict=True)
+    named = trainer.evaluate(**evaluation, return_dict=True)
     expected_named = expected_model.evaluate(**evaluation, return_dict=True)
     assert sorted(named) == sorted(expected_named)
     for name, value in expected_named.items():
