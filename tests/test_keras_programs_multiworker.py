@@ -20,13 +20,29 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                       "keras_program_worker.py")
 
 
+# TensorFlow's C++ start-up lines (the worker imports TensorFlow before tfdist).
+STARTUP_LINES = ("All log messages before absl::InitializeLog()", "oneDNN custom operations",
+                 "Could not find cuda drivers", "cpu_feature_guard", "failed call to cuInit",
+                 "XLA service", "I0000", "E0000", "W0000")
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("keras_programs_mw")
-    result = launch([WORKER, "--out", str(out)], workers=2, timeout=400, startup_timeout=180)
+    # TF_CPP_MIN_LOG_LEVEL unset, as in a user's shell: the launcher's default applies.
+    result = launch([WORKER, "--out", str(out)], workers=2, timeout=400, startup_timeout=180,
+                    env={"TF_CPP_MIN_LOG_LEVEL": None})
     assert result.returncode == 0, result.stdout[-5000:]
     assert "worker 0 done" in result.stdout and "worker 1 done" in result.stdout
+    (out / "launcher_output.txt").write_text(result.stdout)
     return out
+
+
+def test_launcher_workers_show_none_of_tensorflows_startup_lines(run):
+    output = (run / "launcher_output.txt").read_text()
+    shown = [line for line in output.splitlines()
+             if any(fragment in line for fragment in STARTUP_LINES)]
+    assert shown == [], "\n".join(shown[:10])
 
 
 @pytest.mark.parametrize("name", sorted(programs.PROGRAMS))

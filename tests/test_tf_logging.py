@@ -91,21 +91,6 @@ def test_a_program_importing_tfdist_first_sees_no_tensorflow_startup_lines():
     assert PREAMBLE in asked.stderr and "XLA service" in asked.stderr
 
 
-def test_launcher_workers_show_no_tensorflow_startup_lines_without_importing_tfdist():
-    env = dict(os.environ)
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "tfdist.launch", "--workers", "1", "--timeout", "150",
-         "--startup-timeout", "0", "--", sys.executable, "-c",
-         "import tensorflow as tf, sys; tf.constant(1.0) + 1; "
-         "print('worker done', file=sys.stderr)"],
-        env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr
-    worker_lines = [line for line in result.stderr.splitlines() if line.startswith("[worker")]
-    assert worker_lines == ["[worker 0] worker done"], result.stderr
-    assert not any(fragment in result.stderr for fragment in STARTUP_LINES), result.stderr
-
-
 def test_worker_lines_are_filtered_only_when_they_are_tensorflows():
     absl_python = "I1126 13:53:09.123456 140 train.py:12] step 3"  # absl-py: a real date
     assert [keep_worker_line(INFO, level) for level in range(4)] == [True, False, False, False]
