@@ -41,3 +41,29 @@ def test_resolving_does_not_start_tensorflow():
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("strategy,mode,expected", [
+    ("parameter_server", "auto", False), ("mirrored", "auto", True), ("mirrored", "on", True)])
+def test_parameter_servers_turn_auto_xla_off_with_the_reason(strategy, mode, expected):
+    """On a float32 CPU run the rules pick XLA, except under parameter servers, whose
+    workers read variables placed on the ps tasks (XLA cannot compile that)."""
+    import argparse
+
+    from tfdist.recipes.runner import _respect_xla_blocker, parameter_server_xla_blocker
+
+    config = argparse.Namespace(strategy=strategy)
+    jit, reason = resolve_xla(mode, "float32", on_gpu=False)
+    jit, reason = _respect_xla_blocker(mode, jit, reason, parameter_server_xla_blocker(config))
+    assert jit is expected
+    assert ("ps tasks" in reason) is (strategy == "parameter_server")
+
+
+def test_xla_on_under_parameter_servers_is_refused_naming_the_way_out():
+    import argparse
+
+    from tfdist.recipes.runner import _respect_xla_blocker, parameter_server_xla_blocker
+
+    blocker = parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))
+    with pytest.raises(ValueError, match=r"--xla on is not possible.*ps tasks.*--xla off or auto"):
+        _respect_xla_blocker("on", True, "asked for", blocker)

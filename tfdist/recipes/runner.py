@@ -580,9 +580,28 @@ def _auto_choices(recipe, config, on_gpu):
     precision = resolve_precision(config.precision)
     jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
     blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
-        model_parallel_xla_blocker(config))
+        model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
     jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
     return precision, jit_compile, xla_reason
+
+
+def parameter_server_xla_blocker(config):
+    """Why XLA is off under `--strategy parameter_server` (for `--xla auto`), or None.
+
+    The variables live on the ps tasks and a worker's step reads them over the
+    network; XLA cannot compile a step that reads a variable placed on another
+    task (TensorFlow 2.21: "Trying to access resource ... located in device
+    /job:ps/... from device /job:worker/...").
+
+    Example:
+
+    >>> parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))[:31]
+    'the variables live on ps tasks,'
+    """
+    if config.strategy != "parameter_server":
+        return None
+    return ("the variables live on ps tasks, and XLA cannot compile a step that reads a "
+            "variable placed on another task")
 
 
 def _print_config(recipe, config):
