@@ -35,3 +35,11 @@ def test_per_device_datasets_run_without_autotune_and_the_users_pipeline_keeps_i
     assert dataset.options().autotune.enabled is not False  # the user's options are untouched
     values = [t.numpy().tolist() for t in strategy.experimental_local_results(first)]
     assert values == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]  # data still flows per replica
+
+
+def test_wait_for_peers_at_exit_returns_at_once_without_a_coordination_service():
+    import time
+
+    start = time.monotonic()
+    assert seam.wait_for_peers_at_exit(timeout_seconds=5) is False  # one process, no service
+    assert time.monotonic() - start < 1.0

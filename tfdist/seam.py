@@ -69,3 +69,42 @@ def install_quiet_device_iterators():
         multi_device_iterator_ops._create_device_dataset = create_without_autotune  # noqa: SLF001
         _installed.add("quiet_device_iterators")
         return True
+
+
+def wait_for_peers_at_exit(timeout_seconds=20.0, name="tfdist/exit"):
+    """Multi-worker runs: waits until every worker reached this point, or `timeout_seconds`.
+
+    The chief hosts TensorFlow's coordination service. When it exits first,
+    a worker still finishing its own stop keeps sending heartbeats to a
+    closed port for ~10 s (`Failed to send RPC to coordination service`,
+    `Connection refused`) before it leaves. A barrier just before exit lets
+    the chief leave only once every worker is done with the service. A peer
+    that is gone or late is not waited for beyond the deadline.
+
+    Private: `tensorflow.python.eager.context.context().wait_at_barrier`
+    (the coordination service's barrier has no public API in TF 2.21).
+
+    Args:
+        timeout_seconds: the longest wait (keep it below the grace period a
+            cluster manager gives between SIGTERM and SIGKILL).
+        name: the barrier's id; every worker must use the same one.
+
+    Returns:
+        True when every worker arrived, False when the service is not
+        running (a single-process run) or the wait failed or timed out.
+
+    Example:
+
+    >>> wait_for_peers_at_exit(timeout_seconds=5)
+    False
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if not ctx.coordination_service:
+        return False
+    try:
+        ctx.wait_at_barrier(name, int(timeout_seconds * 1000))
+    except Exception:  # noqa: BLE001 - tf.errors.OpError: a peer is gone or late; leave anyway
+        return False
+    return True
