@@ -13,7 +13,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None,
-           ps=0):
+           ps=0, grace_period=2):
     """Runs `python -m tfdist.launch --workers N -- <args>` and returns the
     `subprocess.CompletedProcess` (text, stdout and stderr merged into stdout).
 
@@ -25,7 +25,7 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     command = [sys.executable, "-m", "tfdist.launch", "--workers", str(workers),
                "--timeout", str(timeout), "--startup-timeout", str(startup_timeout),
                # TF workers ignore SIGTERM; a short grace period stops a failed job sooner.
-               "--grace-period", "2"]
+               "--grace-period", str(grace_period)]
     if devices_per_worker is not None:
         command += ["--devices-per-worker", str(devices_per_worker)]
     if ps:
