@@ -26,7 +26,8 @@ PREEMPTED = 143
 SHORT = ["--epochs", "2", "--steps-per-epoch", "30", "--warmup-steps", "5", "--verbose", "2",
          "--precision", "float32", "--backup-every", "5"]
 STOPPED = re.compile(r"Stopped by (SIGTERM|SIGINT) in epoch (\d+) after step (\d+): backup written "
-                     r"at global step (\d+) in .*\. Rerun the same command to resume from it\.")
+                     r"at global step (\d+) in .* \((?:ckpt-\d+|written by the chief)\)\. Rerun the "
+                     r"same command to resume from it\.")
 
 
 def _env():

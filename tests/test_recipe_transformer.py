@@ -384,3 +384,18 @@ def test_skip_corrupt_records_without_tfrecord_data_exits_2_before_tensorflow():
     assert result.returncode == 2
     assert "--skip-corrupt-records applies to TFRecord data" in result.stdout
     assert "'embedded:reverse'" in result.stdout
+
+
+def test_an_epoch_longer_than_the_data_says_how_many_passes_it_repeats(tmp_path):
+    """--steps-per-epoch beyond one pass repeats the data inside the epoch: said once."""
+    paths = write_token_tfrecords([[1] + [4 + j % 16 for j in range(31)] + [3]] * 40,
+                                  str(tmp_path / "tok"), num_files=1)
+    args = ["--dataset", f"tfrecord:{paths[0]}", "--sequence-length", "32", "--steps-per-epoch",
+            "10", "--epochs", "1", "--warmup-steps", "0", "--global-batch-size", "16",
+            "--verbose", "2"]
+    result = run_recipe("transformer", args, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    said = [line for line in result.stdout.splitlines() if "passes over the" in line]
+    assert len(said) == 1, result.stdout[-3000:]
+    assert "--steps-per-epoch 10 x global batch 16 = 160 examples per epoch, 4" in said[0]
+    assert "over the 40 training examples" in said[0]

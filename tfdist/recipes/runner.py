@@ -65,6 +65,10 @@ SUMMARY_LENGTH = 200
 
 logger = logging.getLogger("tfdist")
 
+PEER_EXIT_WAIT = 20.0
+"""Seconds a multi-worker run waits at exit for the other workers (below the
+30 s a cluster manager or the launcher gives between SIGTERM and SIGKILL)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class RecipeData:
@@ -229,6 +233,7 @@ def run_recipe(recipe, argv=None):
             return _print_config(recipe, config)
         code = _train(recipe, config, where)
         _end_run(where, code, where.get("outcome", "finished"))
+        _leave_together(where)
         return code
     except KeyboardInterrupt:
         code, line = exit_codes.INTERRUPTED, _interrupted_line()
@@ -237,6 +242,7 @@ def run_recipe(recipe, argv=None):
         if history is not None and stop.backup is not None:
             history.note_backup(stop.backup.path)
         code, line = PREEMPTED_EXIT_CODE, _preempted_line(stop, where)
+        where["stopped_together"] = True
     except Exception as error:  # noqa: BLE001 - re-raised unless it is one of the known faults
         try:
             code, line = _known_fault(prog, error, where)
@@ -246,7 +252,20 @@ def run_recipe(recipe, argv=None):
             raise
     print(line, file=sys.stderr, flush=True)
     _end_run(where, code, line.removeprefix(f"{prog}: "))
+    if where.get("stopped_together"):
+        _leave_together(where)
     return code
+
+
+def _leave_together(where):
+    """Workers of a multi-worker run that finished or stopped at one agreed step
+    exit together: the chief, which hosts TensorFlow's coordination service,
+    does not leave while another worker still talks to it (that worker would
+    spend ~10 s failing to reach it). Bounded by PEER_EXIT_WAIT seconds."""
+    if where.get("collective_workers", 1) > 1:
+        from tfdist.seam import wait_for_peers_at_exit
+
+        wait_for_peers_at_exit(timeout_seconds=PEER_EXIT_WAIT)
 
 
 def _known_fault(prog, error, where):
@@ -638,8 +657,10 @@ def _preempted_line(stop, where):
     stopped = f"Stopped by {stop}"
     if stop.backup is not None:
         name = os.path.basename(stop.backup.path)
+        # Only the chief's backup has a path; the other workers took part in writing it.
+        written = f"({name})" if name else "(written by the chief)"
         return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
-                f"{where.get('backup_dir')} ({name}). Rerun the same command to resume from it.")
+                f"{where.get('backup_dir')} {written}. Rerun the same command to resume from it.")
     if where.get("backup_dir"):
         backup = _resume_target(where)
         return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
@@ -718,7 +739,7 @@ def _train(recipe, config, where):
     from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
-    from tfdist.data import distribute_dataset
+    from tfdist.data import describe_epoch_passes, distribute_dataset
     from tfdist.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
 
@@ -726,6 +747,7 @@ def _train(recipe, config, where):
     strategy = create_strategy(config.strategy, devices=devices, all_reduce=config.all_reduce,
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
+    where["collective_workers"] = info.num_workers if info.name != "parameter_server" else 1
     say = print if info.is_chief else (lambda *args, **kwargs: None)
     if config.model_dir and info.is_chief and "lock" not in where:
         where["lock"] = _lock_model_dir(config, where)  # the chief of a cluster
@@ -739,6 +761,10 @@ def _train(recipe, config, where):
             f"{info.num_replicas} replicas; use a multiple of {info.num_replicas}.")
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
     check_warmup(config, steps_per_epoch)
+    if config.steps_per_epoch and info.is_chief:
+        repeats = describe_epoch_passes(data.train, config.global_batch_size, steps_per_epoch)
+        if repeats:
+            logger.warning(repeats)
     total_steps = optimizer_steps(config, steps_per_epoch)
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
         recipe, config, info, data, on_gpu=gpus > 0,
