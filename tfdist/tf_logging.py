@@ -126,12 +126,7 @@ def keep_line(line, level):
     >>> keep_line("UserWarning: something", 3)
     True
     """
-    match = _ABSL_LINE.match(line)
-    if match:
-        return _SEVERITY[match.group(1)] >= level
-    if line.startswith(_ABSL_PREAMBLE):
-        return level == 0
-    return True
+    return _kept(line, level, _ABSL_LINE)
 
 
 def import_tensorflow(level=None):
@@ -217,7 +212,13 @@ def keep_worker_line(line, level):
     >>> keep_worker_line("I1126 13:53:09.123456 42 train.py:12] step 3", 3)
     True
     """
-    match = _TF_CPP_LINE.match(line)
+    return _kept(line, level, _TF_CPP_LINE)
+
+
+def _kept(line, level, log_line):
+    """Log lines matching `log_line` kept from `level` up, the preamble only at
+    level 0, anything else always."""
+    match = log_line.match(line)
     if match:
         return _SEVERITY[match.group(1)] >= level
     if line.startswith(_ABSL_PREAMBLE):
