@@ -71,8 +71,10 @@ def test_two_workers_stop_at_the_same_step_and_keep_the_good_backup(tmp_path):
     backup_dir = tmp_path / "run" / "backup"
     args = ["-m", "tfdist.recipes.transformer", "--strategy", "multi_worker_mirrored", *COMMON,
             "--model-dir", str(tmp_path / "run")]
+    model_dir = tmp_path / "run"
     first = launch([*args, "--epochs", "1"], workers=2, timeout=300)
     assert first.returncode == 0, first.stdout[-3000:]
+    record = (model_dir / "config.yaml").read_bytes()
     diverged = launch([*args, "--epochs", "2", "--learning-rate", "1e6"], workers=2,
                       timeout=300)
     assert diverged.returncode != 0, diverged.stdout[-3000:]
