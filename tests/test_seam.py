@@ -2,6 +2,7 @@
 on is installed and does what it says, so an upgrade that moves one fails here
 by name instead of deep inside a run."""
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import multi_device_iterator_ops
 
@@ -43,3 +44,42 @@ def test_wait_for_peers_at_exit_returns_at_once_without_a_coordination_service()
     start = time.monotonic()
     assert seam.wait_for_peers_at_exit(timeout_seconds=5) is False  # one process, no service
     assert time.monotonic() - start < 1.0
+
+
+def test_join_predicted_batches_gives_numpy_for_dense_and_ragged_for_ragged_outputs():
+    import numpy as np
+
+    dense = seam.join_predicted_batches([tf.ones([2, 3]), tf.zeros([1, 3])])
+    assert isinstance(dense, np.ndarray) and dense.tolist() == [[1.0] * 3] * 2 + [[0.0] * 3]
+    ragged = seam.join_predicted_batches([tf.ragged.constant([[1], [2, 3]]),
+                                          tf.ragged.constant([[4, 5, 6]])])
+    assert isinstance(ragged, tf.RaggedTensor)
+    assert ragged.to_list() == [[1], [2, 3], [4, 5, 6]]
+
+
+def test_metrics_in_keras_order_follows_metrics_names():
+    import keras
+
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(inputs),
+                                 "b": keras.layers.Dense(1, name="b")(inputs)})
+    model.compile("sgd", loss={"a": "mse", "b": "mae"}, metrics={"b": ["mae"]})
+    x = np.zeros((4, 2), "float32")
+    y = {"a": np.zeros((4, 1), "float32"), "b": np.ones((4, 1), "float32")}
+    logs = model.evaluate(x, y, verbose=0, return_dict=True)
+    shuffled = dict(reversed(list(logs.items())))
+    expected = model.evaluate(x, y, verbose=0)
+    for got, want in zip(seam.metrics_in_keras_order(model, shuffled), expected, strict=True):
+        assert got == want
+
+
+def test_checkpoint_state_parses_the_index_tensorflow_writes(tmp_path):
+    from google.protobuf import text_format
+
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+    manager.save()
+    manager.save()
+    state = seam.checkpoint_state()
+    text_format.Parse((tmp_path / "checkpoint").read_text(), state)
+    assert [p.rsplit("/", 1)[-1] for p in state.all_model_checkpoint_paths] == ["ckpt-1", "ckpt-2"]

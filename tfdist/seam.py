@@ -108,3 +108,65 @@ def wait_for_peers_at_exit(timeout_seconds=20.0, name="tfdist/exit"):
     except Exception:  # noqa: BLE001 - tf.errors.OpError: a peer is gone or late; leave anyway
         return False
     return True
+
+
+def join_predicted_batches(outputs):
+    """Joins `predict`'s per-batch outputs along the batch axis exactly as Keras does.
+
+    Numpy arrays, or a `tf.RaggedTensor` for a ragged output (and for an output
+    whose non-batch shape differs between batches), so that `Trainer.predict`
+    returns what `keras.Model.predict` returns.
+
+    Private: `keras.src.backend.tensorflow.trainer.potentially_ragged_concat`
+    and `convert_to_np_if_not_ragged` (Keras's own `predict` joins with them;
+    no public API does).
+
+    Args:
+        outputs: a list of per-batch output structures (tensors).
+
+    Example:
+
+    >>> join_predicted_batches([tf.ones([2, 3]), tf.ones([1, 3])]).shape
+    (3, 3)
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow.trainer import (convert_to_np_if_not_ragged,
+                                                      potentially_ragged_concat)
+
+    joined = tf.nest.map_structure(lambda *parts: potentially_ragged_concat(list(parts)),
+                                   *outputs)
+    return tf.nest.map_structure(convert_to_np_if_not_ragged, joined)
+
+
+def metrics_in_keras_order(model, logs):
+    """`evaluate`'s values as the list (or lone float) Keras returns without `return_dict`.
+
+    In `model.metrics_names` order: the loss, each output's loss, then the
+    compiled metrics.
+
+    Private: `keras.Model._flatten_metrics_in_order` (what Keras's own
+    `evaluate` calls; no public API orders the logs).
+
+    Example:
+
+    >>> metrics_in_keras_order(model, {"loss": 0.5, "accuracy": 0.75})
+    [0.5, 0.75]
+    """
+    return model._flatten_metrics_in_order(logs)  # noqa: SLF001 - the seam
+
+
+def checkpoint_state():
+    """An empty `CheckpointState` protocol buffer: the format of TensorFlow's
+    `checkpoint` index file, parsed by tfdist's backup index reader.
+
+    Private: `tensorflow.python.training.checkpoint_state_pb2` (the message
+    has no public export).
+
+    Example:
+
+    >>> checkpoint_state().all_model_checkpoint_paths
+    []
+    """
+    from tensorflow.python.training import checkpoint_state_pb2
+
+    return checkpoint_state_pb2.CheckpointState()

@@ -10,9 +10,8 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import (convert_to_np_if_not_ragged,
-                                                  potentially_ragged_concat)
 
+from tfdist.seam import join_predicted_batches, metrics_in_keras_order
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.compiled import check_hooks, compile_model
 from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_spec,
@@ -558,7 +557,7 @@ class Trainer:
             logs = self._evaluate_data(data, steps, callback_list)
         if return_dict:
             return logs
-        return self.model._flatten_metrics_in_order(logs)  # Keras's order (metrics_names)
+        return metrics_in_keras_order(self.model, logs)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Runs the model in inference mode and returns numpy outputs in input order.
@@ -611,7 +610,7 @@ class Trainer:
         callback_list.on_predict_end()
         if not outputs:
             raise ValueError("predict() received no batches: the input is empty.")
-        return _concatenate_batches(outputs)
+        return join_predicted_batches(outputs)
 
     # ------------------------------------------------------------- the loop
     def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
@@ -980,15 +979,6 @@ def _current_learning_rate(optimizer):
         return float(value.numpy() if hasattr(value, "numpy") else value)
     except (TypeError, ValueError, AttributeError):
         return None
-
-
-def _concatenate_batches(outputs):
-    """The batches' outputs joined along the batch axis as Keras's `predict` joins
-    them: numpy arrays, or a `tf.RaggedTensor` for ragged outputs (and for
-    outputs whose non-batch shape differs between batches)."""
-    joined = tf.nest.map_structure(lambda *parts: potentially_ragged_concat(list(parts)),
-                                   *outputs)
-    return tf.nest.map_structure(convert_to_np_if_not_ragged, joined)
 
 
 def _pythonify(logs):

@@ -14,11 +14,11 @@ import uuid
 
 import tensorflow as tf
 from google.protobuf import text_format
-from tensorflow.python.training import checkpoint_state_pb2
 
 from tfdist.callbacks.backup.errors import BackupIndexError, summarize_error
 from tfdist.callbacks.backup.store import (CHECKPOINT_NAME, INDEX_NAME, _read_position,
                                            checkpoint_number, read_backup)
+from tfdist.seam import checkpoint_state
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ def _parse_index(index):
     except UnicodeDecodeError as error:
         return None, (f"the index {index} is not text (byte 0x{raw[error.start]:02x} at offset "
                       f"{error.start})")
-    state = checkpoint_state_pb2.CheckpointState()
+    state = checkpoint_state()
     try:
         text_format.Parse(text, state)
     except text_format.ParseError as error:
