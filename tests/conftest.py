@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tests turn the trial on explicitly (--autotune on / refresh).
 os.environ["TFDIST_AUTOTUNE"] = "off"
 
-from tfdist.devices import split_cpu_into_logical_devices  # noqa: E402
+from tfdist.distribute.devices import split_cpu_into_logical_devices  # noqa: E402
 
 LOGICAL_CPUS = 2
 split_cpu_into_logical_devices(LOGICAL_CPUS)

@@ -4,7 +4,7 @@ These machines have no GPU and no NVIDIA driver, so real NVML cannot answer.
 This module has the few `pynvml` functions tfdist calls, with the same names,
 arguments, units (bytes, milliwatts, percent) and error class as
 `nvidia-ml-py` 13.615, over devices described by the test. It is passed
-through the documented `nvml=` seam of `tfdist.nvml.NvmlGpus`; what it
+through the documented `nvml=` seam of `tfdist.runtime.nvml.NvmlGpus`; what it
 checks is tfdist's side (mapping, units, formatting), not NVML itself.
 """
 

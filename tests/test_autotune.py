@@ -15,7 +15,7 @@ from tfdist.autotune import (Candidate, CandidateTiming, DecisionCache, candidat
                              default_cache_path, format_decision, hardware_signature, loss_agrees,
                              run_trial, signature_key)
 from tfdist.autotune.trial import steps_per_round
-from tfdist.recipes.autotune import skip_reason
+from tfdist.recipes.auto_choices import skip_reason
 from tfdist.training import Trainer
 
 AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}

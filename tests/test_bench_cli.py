@@ -38,7 +38,7 @@ class NoMatplotlib:
 # Runs tfdist bench's command line in a process where matplotlib cannot be imported.
 BENCH_WITHOUT_MATPLOTLIB = ("import sys\n" + inspect.getsource(NoMatplotlib)
                             + "sys.meta_path.insert(0, NoMatplotlib())\n"
-                            "from tfdist.bench.cli import main\n"
+                            "from tfdist.bench.commands import main\n"
                             "sys.exit(main(sys.argv[1:]))\n")
 
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from tfdist.bench.parameter_server import build_parser, format_report, parse_run, run_command
+from tfdist.bench.ps_bench import build_parser, format_report, parse_run, run_command
 
 
 def test_both_modes_run_the_same_recipe_at_the_same_global_batch():

@@ -22,7 +22,7 @@ from tfdist.callbacks import (BackupAndResume, DivergenceError, DivergenceGuard,
 from tfdist.callbacks.backup import BackupWriter
 from tfdist.callbacks.loss_health import HEALTH_ATTRIBUTE, LossHealth
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config
-from tfdist.recipes.runner import divergence_guard
+from tfdist.recipes.recipe_runner import divergence_guard
 from tfdist.training import Trainer
 from workers import train_common as common
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from fake_nvml import FOUR_GPUS, GIB, make_nvml
 from tfdist.callbacks.memory import (DeviceMemoryMonitor, MemoryUsageWarning, host_memory_limit_mb,
                                      host_peak_rss_mb, host_rss_mb, open_nvml, physical_gpu_indices)
-from tfdist.nvml import GpuReading, NvmlGpus, cuda_visible_ids, nvml_device_ids, reading_logs
+from tfdist.runtime.nvml import GpuReading, NvmlGpus, cuda_visible_ids, nvml_device_ids, reading_logs
 
 BIG_MB = 160
 no_gpu = pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")),

@@ -10,7 +10,7 @@ import pytest
 import tfdist
 from mw import REPO_ROOT
 from tfdist.__main__ import COMMANDS, main, usage
-from tfdist.doctor import format_version
+from tfdist.cli.doctor import format_version
 
 
 def _env():

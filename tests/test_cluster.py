@@ -1,10 +1,10 @@
-"""TF_CONFIG parsing and validation (tfdist.cluster)."""
+"""TF_CONFIG parsing and validation (tfdist.distribute.tf_config)."""
 
 import json
 
 import pytest
 
-from tfdist.cluster import ClusterConfig, TFConfigError, parse_tf_config
+from tfdist.distribute.tf_config import ClusterConfig, TFConfigError, parse_tf_config
 
 TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
                "task": {"type": "worker", "index": 1}}

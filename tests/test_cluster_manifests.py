@@ -1,4 +1,4 @@
-"""recipes/cluster/tfjob.yaml and tfjob-ps.yaml: the Kubeflow TFJobs that run the
+"""deploy/tfjob.yaml and tfjob-ps.yaml: the Kubeflow TFJobs that run the
 Transformer recipe (multi_worker_mirrored, and parameter_server).
 
 Checks the manifests' fields, then builds the TF_CONFIG the training
@@ -17,14 +17,14 @@ import mw
 import pytest
 import yaml
 
-from tfdist.cluster import TFConfigError, parse_tf_config
-from tfdist.launch import cluster as launch_cluster
-from tfdist.recipes.runner import CLUSTER_LOST_EXIT_CODE
-from tfdist.stop_signals import PREEMPTED_EXIT_CODE
-from tfdist.strategy import choose_strategy, task_info
+from tfdist.distribute.tf_config import TFConfigError, parse_tf_config
+from tfdist.launch import local_cluster as launch_cluster
+from tfdist.recipes.recipe_runner import CLUSTER_LOST_EXIT_CODE
+from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
+from tfdist.distribute.strategy import choose_strategy, task_info
 
-TFJOB = os.path.join(mw.REPO_ROOT, "recipes", "cluster", "tfjob.yaml")
-TFJOB_PS = os.path.join(mw.REPO_ROOT, "recipes", "cluster", "tfjob-ps.yaml")
+TFJOB = os.path.join(mw.REPO_ROOT, "deploy", "tfjob.yaml")
+TFJOB_PS = os.path.join(mw.REPO_ROOT, "deploy", "tfjob-ps.yaml")
 DEFAULT_PORT = 2222          # the operator's TFJobDefaultPort
 PORT_NAME = "tfjob-port"     # the operator's TFJobDefaultPortName
 CONTAINER = "tensorflow"     # the operator's TFJobDefaultContainerName

@@ -29,7 +29,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tfdist.tf_logging import tf_log_level
+from tfdist.runtime.tf_logging import tf_log_level
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"

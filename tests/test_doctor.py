@@ -13,7 +13,7 @@ import pytest
 
 import tfdist
 from mw import REPO_ROOT
-from tfdist import doctor
+from tfdist.cli import doctor
 from tfdist.precision import PRECISIONS, PrecisionChoice
 from tfdist.xla import resolve_xla
 

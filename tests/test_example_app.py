@@ -1,4 +1,4 @@
-"""The example app recipes/examples/keras_fit_callbacks.py: tfdist's callbacks in a
+"""The example app examples/keras_fit_callbacks.py: tfdist's callbacks in a
 plain Keras `model.fit`, run as a user would run it (a subprocess), twice: the
 second run resumes from the first one's backup. Its generated data are checked
 in-process: training and validation must be one task (one labelling rule)."""
@@ -16,7 +16,7 @@ import pytest
 from tfdist.callbacks.backup import latest_backup, list_backups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-APP = os.path.join(REPO_ROOT, "recipes", "examples", "keras_fit_callbacks.py")
+APP = os.path.join(REPO_ROOT, "examples", "keras_fit_callbacks.py")
 STEPS = 2048 // 64  # the app's default examples // batch size
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from tfdist.gpu_memory import (GpuMemory, GpuMemoryError, apply_gpu_memory, check_allow_growth_env,
+from tfdist.runtime.gpu_memory import (GpuMemory, GpuMemoryError, apply_gpu_memory, check_allow_growth_env,
                                check_gpu_memory, describe_gpu_memory, gpu_memory_notice,
                                parse_gpu_memory)
 
@@ -55,7 +55,7 @@ def test_parsing_and_refusing_need_no_tensorflow():
             "from tfdist.recipes.transformer import RECIPE\n"
             "code = RECIPE.main(['--gpu-memory', 'limit:0'])\n"
             "assert code == 2, code\n"
-            "from tfdist.gpu_memory import parse_gpu_memory\n"
+            "from tfdist.runtime.gpu_memory import parse_gpu_memory\n"
             "parse_gpu_memory('limit:4096')\n"
             "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,

@@ -464,7 +464,7 @@ def test_workers_servers_are_reachable_only_in_a_shared_network(tmp_path, networ
 
 
 def test_launcher_does_not_import_tensorflow():
-    check = ("import sys, tfdist.launch, tfdist.launch.cli; "
+    check = ("import sys, tfdist.launch, tfdist.launch.arguments; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('tensorflow', 'keras')))")
     proc = subprocess.run([PY, "-c", check], cwd=REPO_ROOT, env=launcher_env(),

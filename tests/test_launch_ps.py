@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tfdist.cluster import parse_tf_config
+from tfdist.distribute.tf_config import parse_tf_config
 from tfdist.launch import launch
-from tfdist.launch import cluster as cluster_lib
+from tfdist.launch import local_cluster as cluster_lib
 from test_launch import PY, assert_dead, finish, launcher_env, run, script, start
 
 TASKS = ["chief-0", "worker-0", "worker-1", "ps-0"]

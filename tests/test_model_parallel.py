@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from tfdist.training import Trainer
-from tfdist.training.placement import StagePlacementError, variable_bytes_by_device
-from tfdist.training.stages import StageSplitError, plan_stages
+from tfdist.training.model_parallel.placement import StagePlacementError, variable_bytes_by_device
+from tfdist.training.model_parallel.stages import StageSplitError, plan_stages
 from workers import model_parallel_common as common
 from workers import train_common
 

@@ -1,7 +1,7 @@
 import keras
 import pytest
 
-from tfdist.optimizers import OPTIMIZER_NAMES, build_optimizer
+from tfdist.schedules.optimizers import OPTIMIZER_NAMES, build_optimizer
 
 
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)

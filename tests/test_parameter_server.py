@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from mw import launch
-from tfdist.cluster import StrategyStartupError, parse_tf_config
-from tfdist.ps_cluster import check_parameter_server_cluster, is_serving_task, wait_for_tasks
+from tfdist.distribute.tf_config import StrategyStartupError, parse_tf_config
+from tfdist.distribute.ps_cluster import check_parameter_server_cluster, is_serving_task, wait_for_tasks
 
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "ps_train_worker.py")
 STEPS = 3 * 40  # epochs x steps per epoch in the worker script

@@ -1,4 +1,4 @@
-"""tfdist.ports: can a server listen on a port, and which process holds it (no TensorFlow)."""
+"""tfdist.distribute.ports: can a server listen on a port, and which process holds it (no TensorFlow)."""
 
 import os
 import socket
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tfdist.ports import PortInUseError, bind_error, check_port_free, port_holders
+from tfdist.distribute.ports import PortInUseError, bind_error, check_port_free, port_holders
 
 HOLDER = ("import socket, sys, time\n"
           "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
@@ -73,6 +73,6 @@ def test_a_port_this_process_holds_passes(monkeypatch):
 
 def test_a_holder_that_cannot_be_read_is_another_process(held_port, monkeypatch):
     port, _ = held_port
-    monkeypatch.setattr("tfdist.ports.TCP_TABLES", ())
+    monkeypatch.setattr("tfdist.distribute.ports.TCP_TABLES", ())
     with pytest.raises(PortInUseError, match=f"port {port} is already in use by another process"):
         check_port_free(port)

@@ -110,7 +110,7 @@ def test_recipes_dir_env_is_searched_before_the_shipped_recipes(tmp_path, monkey
 
 
 def test_the_device_limit_is_named_with_a_count_that_works(tmp_path):
-    from tfdist.device_limits import MAX_DEVICES_PER_WORKER
+    from tfdist.distribute.device_limits import MAX_DEVICES_PER_WORKER
 
     assert MAX_DEVICES_PER_WORKER == 64
     assert parse(["--devices", "64"]).devices == 64
@@ -127,7 +127,7 @@ def test_the_device_limit_is_named_with_a_count_that_works(tmp_path):
 def test_skip_corrupt_records_is_refused_without_tfrecord_data():
     import argparse
 
-    from tfdist.recipes.runner import check_skip_corrupt_records
+    from tfdist.recipes.recipe_runner import check_skip_corrupt_records
 
     def config(dataset, validation=None):
         return argparse.Namespace(skip_corrupt_records=True, dataset=dataset,
@@ -176,7 +176,7 @@ def test_gpu_memory_and_cluster_resolver_from_yaml(tmp_path):
 
 def test_cluster_resolver_names_match_the_strategy_factory():
     from tfdist.recipes.config import CLUSTER_RESOLVERS
-    from tfdist.strategy import CLUSTER_RESOLVER_NAMES
+    from tfdist.distribute.strategy import CLUSTER_RESOLVER_NAMES
 
     assert CLUSTER_RESOLVERS == CLUSTER_RESOLVER_NAMES
     assert parse([]).cluster_resolver == "tf_config"
@@ -187,7 +187,7 @@ def test_cluster_resolver_names_match_the_strategy_factory():
     ("default", True),
 ])
 def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refused):
-    from tfdist.recipes.runner import check_cluster_resolver
+    from tfdist.recipes.recipe_runner import check_cluster_resolver
 
     config = parse(["--strategy", strategy, "--cluster-resolver", "slurm"])
     if refused:
@@ -201,7 +201,7 @@ def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refu
 
 
 def test_slurm_resolver_is_refused_with_parameter_servers():
-    from tfdist.recipes.runner import check_cluster_resolver
+    from tfdist.recipes.recipe_runner import check_cluster_resolver
 
     with pytest.raises(ConfigError, match="parameter_server reads its chief, worker and ps "
                                           "tasks from TF_CONFIG only"):
@@ -226,7 +226,7 @@ def test_print_config_shows_both_flags_and_what_gpu_memory_does_here():
 
 
 def test_gpu_memory_contradicting_the_environment_is_refused_before_tensorflow(monkeypatch):
-    from tfdist.recipes.runner import check_before_tensorflow
+    from tfdist.recipes.recipe_runner import check_before_tensorflow
     from tfdist.recipes.transformer import RECIPE
 
     monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "false")

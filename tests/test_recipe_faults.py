@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from recipe_util import REPO_ROOT, run_recipe
-from tfdist import exit_codes
+from tfdist.runtime import exit_codes
 from tfdist.recipes.record import history_entries
-from tfdist.recipes.runner import _known_fault, _outputs_block, _summary
-from tfdist.run_lock import LOCK_FILE, ModelDirInUseError, acquire
+from tfdist.recipes.recipe_runner import _known_fault, _outputs_block, _summary
+from tfdist.runtime.run_lock import LOCK_FILE, ModelDirInUseError, acquire
 
 PROG = "python -m tfdist.recipes.transformer"
 # One epoch of 6 steps on one device, pinned settings: the cheapest real run.
@@ -47,7 +47,7 @@ def test_the_readme_shows_the_exit_code_table_the_code_uses():
     assert exit_codes.render_table() in section
     codes = [row.code for row in exit_codes.TABLE]
     assert len(codes) == len(set(codes))
-    from tfdist.stop_signals import PREEMPTED_EXIT_CODE
+    from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
 
     assert PREEMPTED_EXIT_CODE == exit_codes.PREEMPTED == 143
 
@@ -55,8 +55,8 @@ def test_the_readme_shows_the_exit_code_table_the_code_uses():
 def test_each_fault_gets_its_documented_code_and_one_line(tmp_path):
     import tensorflow as tf
 
-    from tfdist.cluster import StrategyStartupError
-    from tfdist.training.parameter_server import ParameterServerLostError
+    from tfdist.distribute.tf_config import StrategyStartupError
+    from tfdist.training.ps_loop import ParameterServerLostError
 
     where = {"model_dir": str(tmp_path / "m"), "backup_dir": str(tmp_path / "m" / "backup")}
     lost_text = ("Parameter-server training stopped: a ps task (ps 0) was lost (UnavailableError: "
@@ -102,8 +102,8 @@ def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
     import tensorflow as tf
 
     from tfdist.callbacks import BackupAndResume
-    from tfdist.stop_signals import Preempted
-    from tfdist.recipes.runner import _preempted_line
+    from tfdist.runtime.stop_signals import Preempted
+    from tfdist.recipes.recipe_runner import _preempted_line
 
     backup_dir = str(tmp_path / "m" / "backup")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -139,7 +139,7 @@ def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_p
 
 
 def test_single_machine_strategies_are_the_chief_whatever_tf_config_says(monkeypatch):
-    from tfdist.strategy import create_strategy, describe_strategy, task_info
+    from tfdist.distribute.strategy import create_strategy, describe_strategy, task_info
 
     monkeypatch.setenv("TF_CONFIG", STRAY_TF_CONFIG)
     assert task_info() == ("worker", 1, False)  # no strategy: TF_CONFIG's rule
@@ -160,7 +160,7 @@ def test_the_outputs_block_lists_only_what_is_there(tmp_path):
 
 # --- the lock -----------------------------------------------------------------------------
 
-HOLDER = ("import sys, time; from tfdist.run_lock import acquire; "
+HOLDER = ("import sys, time; from tfdist.runtime.run_lock import acquire; "
           "acquire(sys.argv[1], command='holder --model-dir ' + sys.argv[1]); "
           "print('locked', flush=True); time.sleep(120)")
 
@@ -309,7 +309,7 @@ def test_a_stop_signal_at_the_last_step_ends_the_run_normally():
     import numpy as np
 
     from tfdist.callbacks.preemption import PreemptionGuard
-    from tfdist.stop_signals import BlockedStopSignals, Preempted
+    from tfdist.runtime.stop_signals import BlockedStopSignals, Preempted
 
     main = threading.main_thread().ident
 

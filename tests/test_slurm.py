@@ -1,4 +1,4 @@
-"""tfdist on SLURM: `cluster_resolver="slurm"` and recipes/cluster/slurm.sbatch.
+"""tfdist on SLURM: `cluster_resolver="slurm"` and deploy/slurm.sbatch.
 
 * What tfdist resolves from the variables a real allocation sets (the
   sbatch file's layout, 2 nodes) for every rank, without creating a strategy.
@@ -22,12 +22,12 @@ import mw
 import numpy as np
 import pytest
 
-from tfdist.cluster import parse_tf_config
-from tfdist.ports import bind_error, describe_holders
-from tfdist.stop_signals import PREEMPTED_EXIT_CODE
-from tfdist.strategy import _resolve_cluster, choose_strategy
+from tfdist.distribute.tf_config import parse_tf_config
+from tfdist.distribute.ports import bind_error, describe_holders
+from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
+from tfdist.distribute.strategy import _resolve_cluster, choose_strategy
 
-SBATCH = os.path.join(mw.REPO_ROOT, "recipes", "cluster", "slurm.sbatch")
+SBATCH = os.path.join(mw.REPO_ROOT, "deploy", "slurm.sbatch")
 WORKER = os.path.join("tests", "workers", "slurm_worker.py")
 RESOLVER_PORT_BASE = 8888  # SlurmClusterResolver's default, which tfdist uses
 

@@ -1,4 +1,4 @@
-"""The strategy factory (tfdist.strategy).
+"""The strategy factory (tfdist.distribute.strategy).
 
 In-process tests run on the 2 logical CPUs tests/conftest.py made. Anything
 that needs a different device count or a multi-worker cluster runs in fresh
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.cluster import TFConfigError
-from tfdist.devices import DeviceConfigError
-from tfdist.strategy import (STRATEGY_NAMES, UNSUPPORTED_STRATEGIES, StrategyInfo,
+from tfdist.distribute.tf_config import TFConfigError
+from tfdist.distribute.devices import DeviceConfigError
+from tfdist.distribute.strategy import (STRATEGY_NAMES, UNSUPPORTED_STRATEGIES, StrategyInfo,
                              choose_strategy, create_strategy, describe_strategy, is_chief,
                              write_ready_file)
 
@@ -266,7 +266,7 @@ def test_fresh_process_three_devices_then_multi_worker_too_late():
     code = (
         "import json, os\n"
         "import tensorflow as tf\n"
-        "from tfdist.strategy import create_strategy, describe_strategy\n"
+        "from tfdist.distribute.strategy import create_strategy, describe_strategy\n"
         "s = create_strategy('mirrored', devices=3)\n"
         "total = s.reduce('SUM', s.run(lambda: tf.constant(1.0)), axis=None)\n"
         "print('RESULT', s.num_replicas_in_sync, len(describe_strategy(s).devices), float(total))\n"

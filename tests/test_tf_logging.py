@@ -1,4 +1,4 @@
-"""tfdist.tf_logging: TensorFlow's C++ logging quiet by default, shown when asked for."""
+"""tfdist.runtime.tf_logging: TensorFlow's C++ logging quiet by default, shown when asked for."""
 
 import io
 import os
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tfdist.launch.output import Sink
-from tfdist.tf_logging import (WorkerLineFilter, import_tensorflow, keep_line, keep_worker_line,
+from tfdist.runtime.tf_logging import (WorkerLineFilter, import_tensorflow, keep_line, keep_worker_line,
                                tf_log_level, worker_stderr_sink)
 
 INFO = ("I0000 00:00:1795408920.439815    6466 port.cc:153] oneDNN custom operations are on.")
@@ -41,7 +41,7 @@ def test_lines_are_kept_by_severity_and_other_text_always():
 
 
 def _import_in_fresh_process(level):
-    code = ("from tfdist.tf_logging import import_tensorflow; import sys; "
+    code = ("from tfdist.runtime.tf_logging import import_tensorflow; import sys; "
             f"tf = import_tensorflow({level!r}); tf.config.list_logical_devices(); "
             "print('imported', tf.__version__, file=sys.stderr)")
     env = dict(os.environ)

@@ -8,7 +8,7 @@
 Each sub-command is the module of the same name run with `python -m`. This
 module imports no TensorFlow: `--help` and `--version` answer at once, and
 each command imports TensorFlow itself (through
-`tfdist.tf_logging.import_tensorflow`, quiet unless asked).
+`tfdist.runtime.tf_logging.import_tensorflow`, quiet unless asked).
 """
 
 import importlib
@@ -19,7 +19,7 @@ COMMANDS = {
     "cnn": ("tfdist.recipes.cnn", "train the CNN (ResNet) recipe"),
     "launch": ("tfdist.launch", "run a command as N local workers (+ M ps tasks)"),
     "bench": ("tfdist.bench", "benchmark and scaling report"),
-    "doctor": ("tfdist.doctor", "versions, build, devices, auto choices; checks all-reduce"),
+    "doctor": ("tfdist.cli.doctor", "versions, build, devices, auto choices; checks all-reduce"),
 }
 
 
@@ -42,7 +42,7 @@ def version_text():
     tfdist 0.1.0
     TensorFlow 2.21.0, Keras 3.15.1, Python 3.11.7
     """
-    from tfdist.doctor import format_version
+    from tfdist.cli.doctor import format_version
 
     return format_version()
 

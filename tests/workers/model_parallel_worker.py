@@ -17,14 +17,14 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tfdist.devices import split_cpu_into_logical_devices  # noqa: E402
+from tfdist.distribute.devices import split_cpu_into_logical_devices  # noqa: E402
 
 split_cpu_into_logical_devices(2)  # the stage devices, before TensorFlow starts
 
 import numpy as np  # noqa: E402
 
 import model_parallel_common as common  # noqa: E402
-from tfdist.strategy import create_strategy  # noqa: E402
+from tfdist.distribute.strategy import create_strategy  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 GLOBAL_BATCH = 12

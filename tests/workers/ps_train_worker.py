@@ -1,6 +1,6 @@
 """One task of a parameter-server training test (run under `tfdist.launch --ps`).
 
-Worker and ps tasks serve (`tfdist.ps_cluster.serve_task`); the chief creates
+Worker and ps tasks serve (`tfdist.distribute.ps_cluster.serve_task`); the chief creates
 the strategy with tfdist's factory and trains a small masked token model with
 `tfdist.training.Trainer` on a learnable task (the next token is a fixed
 function of the current one), then writes what it saw to `<out>/chief.json`.
@@ -46,8 +46,8 @@ def die_when_told(marker):
 
 
 def serve(config, args):
-    from tfdist.ps_cluster import serve_task
-    from tfdist.strategy import write_ready_file
+    from tfdist.distribute.ps_cluster import serve_task
+    from tfdist.distribute.strategy import write_ready_file
 
     victim = {"worker": ("worker", 1), "ps": ("ps", 0)}.get(args.lose)
     if victim == (config.task_type, config.task_index):
@@ -83,9 +83,9 @@ def chief(args):
     import keras
     import numpy as np
 
-    from tfdist.strategy import create_strategy, describe_strategy
+    from tfdist.distribute.strategy import create_strategy, describe_strategy
     from tfdist.training import Trainer
-    from tfdist.training.parameter_server import ParameterServerLostError
+    from tfdist.training.ps_loop import ParameterServerLostError
 
     strategy = create_strategy("parameter_server")
     with strategy.scope():
@@ -147,7 +147,7 @@ def main():
     args = parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
-    from tfdist.cluster import parse_tf_config
+    from tfdist.distribute.tf_config import parse_tf_config
 
     config = parse_tf_config()
     if config.task_type in ("worker", "ps"):

@@ -1,4 +1,4 @@
-"""Test worker for tfdist.strategy: builds a strategy with `create_strategy`
+"""Test worker for tfdist.distribute.strategy: builds a strategy with `create_strategy`
 from the environment the launcher (or the test) set, runs one all-reduce of
 (worker index + 1) per replica inside a tf.function, reads back a variable
 created in the strategy scope, and prints one line
@@ -14,7 +14,7 @@ import sys
 
 import tensorflow as tf
 
-from tfdist.strategy import READY_FILE_ENV, create_strategy, describe_strategy, is_chief
+from tfdist.distribute.strategy import READY_FILE_ENV, create_strategy, describe_strategy, is_chief
 
 name = sys.argv[1] if len(sys.argv) > 1 else "auto"
 collective_timeout = float(sys.argv[2]) if len(sys.argv) > 2 else None

@@ -7,7 +7,7 @@ trial (`run_trial`) builds the model once per candidate setting
 compile time apart, and `choose` picks the fastest whose loss agrees with
 float32. `DecisionCache` remembers the decision per model signature,
 hardware and TensorFlow version, so the next run starts at once. The
-recipes drive this (`tfdist.recipes.autotune`); `--autotune off` keeps the
+recipes drive this (`tfdist.recipes.auto_choices`); `--autotune off` keeps the
 rules.
 
 Example:

@@ -27,6 +27,6 @@ Example:
     main(["--quick", "--out", "/tmp/bench"])
 """
 
-from tfdist.bench.cli import main
+from tfdist.bench.commands import main
 
 __all__ = ["main"]

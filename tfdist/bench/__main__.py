@@ -1,8 +1,8 @@
-"""`python -m tfdist.bench`: see `tfdist.bench.cli`."""
+"""`python -m tfdist.bench`: see `tfdist.bench.commands`."""
 
 import sys
 
-from tfdist.bench.cli import main
+from tfdist.bench.commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

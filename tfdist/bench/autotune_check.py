@@ -158,8 +158,8 @@ def parser():
     >>> parser().parse_args(["--models", "transformer=tiny"]).models
     'transformer=tiny'
     """
-    from tfdist.argtypes import int_at_least
-    from tfdist.tf_logging import add_tf_log_level_flag
+    from tfdist.runtime.argtypes import int_at_least
+    from tfdist.runtime.tf_logging import add_tf_log_level_flag
 
     positive = int_at_least(1)
     result = argparse.ArgumentParser(
@@ -192,7 +192,7 @@ def main(argv=None):
     0
     """
     from tfdist.bench.workloads import Workload
-    from tfdist.tf_logging import import_tensorflow
+    from tfdist.runtime.tf_logging import import_tensorflow
 
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     import_tensorflow(args.tf_log_level)

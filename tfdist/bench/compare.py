@@ -35,7 +35,7 @@ class Entrant:
     Args:
         name: a unique short name, e.g. "tfdist fp32 xla-off".
         setting: the `Setting`.
-        strategy: a `tfdist.strategy.create_strategy` name ("default",
+        strategy: a `tfdist.distribute.strategy.create_strategy` name ("default",
             "one_device", "mirrored", "auto", ...).
         devices: devices for the strategy (None: its default).
         optional: when building or warming it up fails (e.g. a precision
@@ -172,7 +172,7 @@ def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
     >>> alias["keras defaults"]  # jit_compile="auto" is off on a CPU-only machine
     'keras fp32 xla-off'
     """
-    from tfdist.strategy import create_strategy
+    from tfdist.distribute.strategy import create_strategy
 
     log = log or (lambda line: None)
     strategies, contenders, alias, keys, unsupported = {}, {}, {}, {}, {}

@@ -79,7 +79,7 @@ class Contender:
         setting: a `Setting`.
         workload: a `tfdist.bench.workloads.Workload`.
         strategy: the `tf.distribute.Strategy` (made by
-            `tfdist.strategy.create_strategy`).
+            `tfdist.distribute.strategy.create_strategy`).
         global_batch_size: examples per step over all replicas.
         seed: seed of the weights and the data order.
         total_steps: length of the learning-rate schedule.
@@ -110,10 +110,10 @@ class Contender:
         import tensorflow as tf
 
         from tfdist.data import distribute_dataset, make_dataset_fn
-        from tfdist.devices import gpu_count
+        from tfdist.distribute.devices import gpu_count
         from tfdist.precision import resolve_precision
         from tfdist.xla import resolve_xla
-        from tfdist.strategy import describe_strategy
+        from tfdist.distribute.strategy import describe_strategy
         from tfdist.training import Trainer
 
         if setting.engine == "keras" and isinstance(

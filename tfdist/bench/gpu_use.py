@@ -2,7 +2,7 @@
 
 A sweep point on GPUs samples NVML's utilisation of its GPUs (the first
 `devices` of TensorFlow's, mapped through `$CUDA_VISIBLE_DEVICES` by
-`tfdist.nvml`) every `interval` seconds in a thread while its rounds run,
+`tfdist.runtime.nvml`) every `interval` seconds in a thread while its rounds run,
 and reports the mean as `gpu_utilization` (a fraction, for the scaling
 table's "GPU utilisation" column). Without NVML the figure is None and
 `gpu_utilization_note` says why; on a machine without GPUs nothing is
@@ -20,7 +20,7 @@ Example:
 
 import threading
 
-from tfdist.nvml import NvmlGpus, NvmlUnavailable
+from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable
 
 
 def mean_utilization(samples):

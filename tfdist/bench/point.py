@@ -87,8 +87,8 @@ def run_point(args):
     from tfdist.bench.gpu_use import UtilizationSampler
     from tfdist.bench.load import LoadMonitor
     from tfdist.bench.workloads import Workload
-    from tfdist.devices import gpu_count
-    from tfdist.strategy import create_strategy, describe_strategy
+    from tfdist.distribute.devices import gpu_count
+    from tfdist.distribute.strategy import create_strategy, describe_strategy
 
     workload = Workload(args.model, size=args.size, data=args.data,
                         sequence_length=args.sequence_length, vocab_size=args.vocab_size,

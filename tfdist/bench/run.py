@@ -136,7 +136,7 @@ def machine_meta(command=""):
     import keras
     import tensorflow as tf
 
-    from tfdist.devices import gpu_count
+    from tfdist.distribute.devices import gpu_count
 
     model_name = platform.processor() or platform.machine()
     try:

@@ -11,7 +11,7 @@ Example:
     workload = Workload("transformer", size="small", sequence_length=128, vocab_size=8000)
     data = workload.build_data(global_batch_size=32)
     with strategy.scope():
-        built = workload.build_model(data)        # a tfdist.recipes.runner.RecipeModel
+        built = workload.build_model(data)        # a tfdist.recipes.recipe_runner.RecipeModel
 """
 
 import dataclasses
@@ -137,7 +137,7 @@ class Workload:
                             prog=f"tfdist bench ({self.model})")
 
     def build_data(self, global_batch_size):
-        """The training data: a `tfdist.recipes.runner.RecipeData`.
+        """The training data: a `tfdist.recipes.recipe_runner.RecipeData`.
 
         Args:
             global_batch_size: examples per step (the recipe's config needs it).
@@ -163,7 +163,7 @@ class Workload:
             global_batch_size: examples per step.
 
         Returns:
-            A `tfdist.recipes.runner.RecipeModel` (with `flops_per_example`).
+            A `tfdist.recipes.recipe_runner.RecipeModel` (with `flops_per_example`).
 
         Example:
 
@@ -185,7 +185,7 @@ class Workload:
         >>> with strategy.scope():
         ...     optimizer = Workload("transformer").build_optimizer(32)  # AdamW, cosine
         """
-        from tfdist.optimizers import build_optimizer
+        from tfdist.schedules.optimizers import build_optimizer
 
         config = self.recipe_config(global_batch_size)
         warmup = min(config.warmup_steps, total_steps // 2)
@@ -198,7 +198,7 @@ def _synthetic_tokens(sequence_length, vocab_size, seed):
     import numpy as np
 
     from tfdist.data import NUM_RESERVED, ArraySource
-    from tfdist.recipes.runner import RecipeData
+    from tfdist.recipes.recipe_runner import RecipeData
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(NUM_RESERVED, vocab_size,

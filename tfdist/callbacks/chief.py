@@ -1,10 +1,10 @@
 """Which process of a distributed job is the chief (the one that writes files).
 
-The rule lives in `tfdist.strategy.task_info`; callbacks find the job's
+The rule lives in `tfdist.distribute.strategy.task_info`; callbacks find the job's
 strategy through their model, since they run outside `strategy.scope()`.
 """
 
-from tfdist.strategy import is_chief, num_workers, task_info
+from tfdist.distribute.strategy import is_chief, num_workers, task_info
 
 __all__ = ["is_chief", "model_strategy", "num_workers", "task_info"]
 

@@ -8,7 +8,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfdist.nvml import NvmlGpus, NvmlUnavailable, reading_logs
+from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable, reading_logs
 
 MB = 1024 * 1024
 """Bytes in the "MB" of the logged figures (a mebibyte, 2**20 bytes)."""
@@ -40,7 +40,7 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
       ran, 0-100), `gpu{i}_memory_used_mb` (in use by every process on
       the GPU) and `gpu{i}_power_w` (watts). TensorFlow's GPU `i` is found
       among NVML's devices through `$CUDA_VISIBLE_DEVICES`
-      (`tfdist.nvml.nvml_device_ids`); a logical GPU reports its physical
+      (`tfdist.runtime.nvml.nvml_device_ids`); a logical GPU reports its physical
       GPU's figures. A figure the GPU does not report is left out.
 
     On a machine without GPUs there are no `gpu*` keys and no GPU calls, and
@@ -49,7 +49,7 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
     utilisation figures and how to get them. Callbacks after this one in the
     list (`CSVLogger`, `TensorBoard`, `History`, the progress bar) see the
     figures. The NVML path was verified only on a machine without GPUs,
-    through a stand-in NVML module (`tfdist.nvml.NvmlGpus`'s `nvml=`).
+    through a stand-in NVML module (`tfdist.runtime.nvml.NvmlGpus`'s `nvml=`).
 
     A `MemoryUsageWarning` is issued when `host_rss_mb` or a `gpu{i}_peak_mb`
     passes `warn_fraction` of its limit, once per crossing: it warns again
@@ -284,7 +284,7 @@ def open_nvml(physical_indices, environ=None, nvml=None):
         nvml: a stand-in NVML module (tests), or None for `pynvml`.
 
     Returns:
-        `(tfdist.nvml.NvmlGpus, None)`, or `(None, reason)` when NVML is
+        `(tfdist.runtime.nvml.NvmlGpus, None)`, or `(None, reason)` when NVML is
         unavailable: the reason names what is missing and how to get it.
 
     Example:

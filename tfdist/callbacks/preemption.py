@@ -8,8 +8,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tfdist.callbacks.chief import model_strategy, task_info
-from tfdist.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
-from tfdist.strategy import describe_strategy
+from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
+from tfdist.distribute.strategy import describe_strategy
 
 ACK_TIMEOUT = 120.0
 _POLL_MS = 1000
@@ -20,7 +20,7 @@ class PreemptionGuard(keras.callbacks.Callback):
     """Turns SIGTERM/SIGINT into a backup at one step all workers agree on, then stops.
 
     At every training batch end the callback takes a pending stop signal
-    (see `tfdist.stop_signals`). With one worker it then backs up (through
+    (see `tfdist.runtime.stop_signals`). With one worker it then backs up (through
     `backup`, a `BackupAndResume` placed before it) and raises `Preempted`.
     With several workers only the worker that got the signal knows; it
     names a step to stop at through TensorFlow's coordination service (the
@@ -51,7 +51,7 @@ class PreemptionGuard(keras.callbacks.Callback):
         backup: the `BackupAndResume` that writes the backup, or None to
             stop without saving (a restart then starts over).
         signals: where stop signals come from: an object with `pending()`
-            and `training_started()` (`tfdist.stop_signals`), or None to
+            and `training_started()` (`tfdist.runtime.stop_signals`), or None to
             install `HandlerStopSignals` for the run (and remove them after).
         strategy: the strategy, or None for the model's.
         ack_timeout: seconds the worker that got the signal waits for every

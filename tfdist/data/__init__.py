@@ -22,12 +22,12 @@ from tfdist.data.corruption import (CorruptDataError, SkippedRecords, check_tfre
                                      explain_data_loss, find_corrupt_tfrecords, find_cut_tfrecords,
                                      read_tfrecords)
 from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
-from tfdist.data.factory import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES, dataset_scheme,
+from tfdist.data.source_factory import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES, dataset_scheme,
                                   make_source, make_validation_source, skip_corrupt_option)
 from tfdist.data.files import NoExamplesError, check_holds_examples, expand_files
 from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
                                 ShapesSource, TFDSImageSource, write_image_tfrecords)
-from tfdist.data.pipeline import (DatasetFn, count_examples, describe_epoch_passes,
+from tfdist.data.input_pipeline import (DatasetFn, count_examples, describe_epoch_passes,
                                   distribute_dataset, make_dataset_fn, per_replica_batch_size)
 from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
 from tfdist.data.source import ArraySource, SequenceSource, Source

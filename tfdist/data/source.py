@@ -1,6 +1,6 @@
 """The Source interface: where records come from and how they become examples.
 
-A source knows its data; the pipeline (`tfdist.data.pipeline`) knows
+A source knows its data; the pipeline (`tfdist.data.input_pipeline`) knows
 distribution. The pipeline asks the source for the records of one shard
 (`read`), maps `decode` over them in parallel, lets the source regroup them
 into examples (`to_examples`, e.g. packing text into fixed windows), then

@@ -85,8 +85,8 @@ On a real cluster no launcher is needed: TF_CONFIG is set by the cluster
 simply runs the training command.
 """
 
-from tfdist.launch.cli import main
-from tfdist.launch.runner import (EXIT_CANNOT_START, EXIT_STARTUP_TIMEOUT,
+from tfdist.launch.arguments import main
+from tfdist.launch.supervisor import (EXIT_CANNOT_START, EXIT_STARTUP_TIMEOUT,
                                   EXIT_TIMEOUT, launch)
 
 __all__ = ["launch", "main", "EXIT_TIMEOUT", "EXIT_STARTUP_TIMEOUT", "EXIT_CANNOT_START"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from tfdist.launch.cli import main
+from tfdist.launch.arguments import main
 
 sys.exit(main())

@@ -13,7 +13,7 @@ from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, deca
                                           no_decay_variables, sparse_label_smoothing_loss)
 from tfdist.models.sharded_embedding import ShardedEmbedding
 from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
-from tfdist.models.transformer import (
+from tfdist.models.transformer_lm import (
     TRANSFORMER_SIZES,
     TransformerConfig,
     build_decoder_lm,

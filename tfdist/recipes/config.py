@@ -20,17 +20,17 @@ from typing import Callable
 import yaml
 
 from tfdist.autotune import AUTOTUNE_ENV, AUTOTUNE_MODES, CACHE_ENV, default_autotune_mode
-from tfdist.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
-from tfdist.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
+from tfdist.distribute.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
+from tfdist.runtime.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
-from tfdist.strategy_names import STRATEGY_NAMES, check_strategy_name
-from tfdist.tf_logging import TF_LOG_LEVELS
+from tfdist.distribute.names import STRATEGY_NAMES, check_strategy_name
+from tfdist.runtime.tf_logging import TF_LOG_LEVELS
 from tfdist.xla import XLA_MODES
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
-"""`--cluster-resolver` values: `tfdist.strategy.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
+"""`--cluster-resolver` values: `tfdist.distribute.strategy.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
 PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

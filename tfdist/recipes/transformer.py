@@ -12,7 +12,7 @@ level and the token accuracy rises far above it within the default run.
 import sys
 
 from tfdist.recipes.config import Option
-from tfdist.recipes.runner import Recipe, RecipeData, RecipeModel
+from tfdist.recipes.recipe_runner import Recipe, RecipeData, RecipeModel
 
 MODEL_SIZES = ("tiny", "small", "base", "large")
 
@@ -167,8 +167,8 @@ def parameter_server_count():
     """Number of ps tasks of the strategy in scope (0 outside parameter_server)."""
     import tensorflow as tf
 
-    from tfdist.strategy import is_parameter_server
-    from tfdist.training.parameter_server import cluster_spec
+    from tfdist.distribute.strategy import is_parameter_server
+    from tfdist.training.ps_loop import cluster_spec
 
     strategy = tf.distribute.get_strategy()
     return len(cluster_spec(strategy).get("ps", ())) if is_parameter_server(strategy) else 0
@@ -176,7 +176,7 @@ def parameter_server_count():
 
 def train_examples(config):
     """Training examples known before reading any data (an embedded task), or None."""
-    from tfdist.dataset_specs import dataset_scheme
+    from tfdist.data.specs import dataset_scheme
 
     return config.num_examples if dataset_scheme(config.dataset) == "embedded" else None
 

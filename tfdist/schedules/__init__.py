@@ -19,8 +19,8 @@ schedule, use `tfdist.callbacks.learning_rate.LearningRateScheduleCallback`.
 """
 
 from tfdist.schedules.constant import ConstantLearningRate
-from tfdist.schedules.factory import SCHEDULE_NAMES
-from tfdist.schedules.factory import make_schedule
+from tfdist.schedules.schedule_factory import SCHEDULE_NAMES
+from tfdist.schedules.schedule_factory import make_schedule
 from tfdist.schedules.inverse_sqrt import InverseSqrtDecay
 from tfdist.schedules.optimizer_step import OptimizerStepSchedule
 from tfdist.schedules.scaling import scale_learning_rate

@@ -21,12 +21,12 @@ from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
                                       variables_outside_scope)
 from tfdist.training.own_step import OwnStepFunctions
-from tfdist.training.pipeline import (PipelineStepFunctions, check_model_parallel_arguments,
+from tfdist.training.model_parallel.gpipe import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
-from tfdist.training.placement import (deferred_build, place_metric_variables, place_stages,
+from tfdist.training.model_parallel.placement import (deferred_build, place_metric_variables, place_stages,
                                        stage_devices)
-from tfdist.training.stages import plan_stages, split_model
-from tfdist.training import parameter_server
+from tfdist.training.model_parallel.stages import plan_stages, split_model
+from tfdist.training import ps_loop as parameter_server
 from tfdist.training.step import StepFunctions
 
 FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
@@ -247,7 +247,7 @@ class Trainer:
     * `model_parallel=K` splits the model's layers into K stages on K
       devices of each worker and trains them as a GPipe pipeline over
       `micro_batches` micro-batches, with the same global-batch loss and
-      update as one device (`tfdist.training.pipeline`);
+      update as one device (`tfdist.training.model_parallel.gpipe`);
     * metrics and logged losses (also each output's `<name>_loss`) are global
       on every worker; standard Keras callbacks work (made chief-safe under
       several workers); only the chief shows a progress bar.
@@ -260,7 +260,7 @@ class Trainer:
     asynchronously: it schedules steps on the workers through a
     `ClusterCoordinator`, each on its worker's own dataset shard, and
     evaluates and predicts on the chief (see
-    `tfdist.training.parameter_server` for what that changes and refuses).
+    `tfdist.training.ps_loop` for what that changes and refuses).
 
     The model (and its optimizer) must be created and compiled inside
     `strategy.scope()`. Arguments given here override the matching
@@ -296,8 +296,8 @@ class Trainer:
         model_parallel: K, the number of devices one model replica is split
             over (an integer >= 1; 1: no split). K > 1 splits the model's
             layers into K consecutive stages on K devices of each worker and
-            trains them as a GPipe pipeline (`tfdist.training.pipeline`,
-            split rule in `tfdist.training.stages`); the strategy must have
+            trains them as a GPipe pipeline (`tfdist.training.model_parallel.gpipe`,
+            split rule in `tfdist.training.model_parallel.stages`); the strategy must have
             one replica per worker (default strategy, or
             MultiWorkerMirroredStrategy with one device per worker).
         micro_batches: micro-batches per step with K > 1 (an integer >= 1;

@@ -1,6 +1,6 @@
 """`ImageSource`: the base of image classification sources, in the shared tfdist.data pipeline.
 
-An image source plugs into `tfdist.data.pipeline` like any `Source`; the
+An image source plugs into `tfdist.data.input_pipeline` like any `Source`; the
 pipeline's hooks do the image work, all in parallel `tf.data` maps:
 
     read (file- or record-sharded) -> decode: decode_example + eval view (uint8)

@@ -1,0 +1,317 @@
+"""`tfdist bench` / `python -m tfdist.bench`: the command line.
+
+    tfdist bench [report] [--quick] [--out DIR] [--models transformer,cnn] ...
+    tfdist bench engine [--size small] [--batch 32] [--rounds 6] ...
+    tfdist bench point ...        (one sweep point; run by `report`)
+    tfdist bench parameter-server [--size tiny] [--batch 64] [--workers 2] [--ps 1] ...
+    tfdist bench model-parallel [--size tiny] [--batch 32] [--micro-batches 4] [--steps N] ...
+
+TensorFlow is imported through `tfdist.runtime.tf_logging.import_tensorflow` once
+the flags are read, before any work: its C++ logging is quiet unless
+`--tf-log-level` (or `$TF_CPP_MIN_LOG_LEVEL`) asks for more; the sweep's
+point processes inherit the level.
+"""
+
+import argparse
+import logging
+import sys
+
+from tfdist.runtime.argtypes import int_at_least
+from tfdist.bench.report import write_json
+from tfdist.bench.workloads import MODELS
+from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
+
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune")
+
+
+def _csv(allowed, name):
+    """An argparse type: comma-separated values, each one of `allowed`."""
+    def parse(text):
+        values = tuple(v.strip() for v in text.split(",") if v.strip())
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {', '.join(map(repr, bad))} not allowed; choose from "
+                f"{', '.join(allowed)} (comma-separated)")
+        return values
+    return parse
+
+
+_positive = int_at_least(1)
+_non_negative = int_at_least(0)
+
+
+def report_parser():
+    """Flags of `tfdist bench [report]` (no arguments; see `--help`).
+
+    Args:
+        none.
+
+    Example:
+
+    >>> report_parser().parse_args(["--quick"]).quick
+    True
+    """
+    from tfdist.bench.settings import FACTORS
+
+    parser = argparse.ArgumentParser(
+        prog="tfdist bench [report]",
+        description="Benchmark and scaling report: throughput (examples/s, tokens/s) per "
+                    "replica and total, step-time percentiles, model FLOP/s and MFU against a "
+                    "same-run matmul peak, input-wait share, a scaling sweep over replicas and "
+                    "workers, and a settings comparison (precision, XLA, engine), written to "
+                    "report.md, results.json and scaling.png.",
+        epilog="Examples:\n  tfdist bench --quick --out /tmp/bench\n"
+               "  tfdist bench --models transformer --sizes transformer=small --batch 32\n"
+               "  tfdist bench engine --size small --batch 32",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-results", help="output folder (default %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny workloads, one short round per measurement (for tests)")
+    parser.add_argument("--models", type=_csv(MODELS, "--models"), default=MODELS,
+                        help="comma-separated: transformer,cnn (default both)")
+    parser.add_argument("--sizes", default="",
+                        help="model sizes, e.g. transformer=small,cnn=resnet18 (default: "
+                             "transformer tiny, cnn resnet_tiny)")
+    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None,
+                        help="the Transformer's data (default synthetic tokens; the CNN always "
+                             "uses the embedded shapes)")
+    parser.add_argument("--sequence-length", type=_positive, default=None)
+    parser.add_argument("--vocab-size", type=_positive, default=None)
+    parser.add_argument("--batch", type=_positive, default=None,
+                        help="per-replica batch (weak scaling) or global batch (strong); "
+                             "default: transformer 16, cnn 64")
+    parser.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                        help="weak: fixed per-replica batch (default); strong: fixed global batch")
+    parser.add_argument("--max-replicas", type=_non_negative, default=None,
+                        help="sweep 1, 2, 4, ..., N devices on one worker (default: every "
+                             "GPU, or 2 logical CPU devices without GPUs; 0: no sweep)")
+    parser.add_argument("--max-workers", type=_positive, default=2,
+                        help="sweep 2, 4, ..., W workers of one device each via tfdist.launch "
+                             "(default 2; with GPUs each worker gets its own)")
+    parser.add_argument("--precision", default="float32",
+                        choices=("auto", "float32", "mixed_bfloat16", "mixed_float16"),
+                        help="precision of the sweep (default float32)")
+    parser.add_argument("--xla", default="auto", choices=("auto", "on", "off"),
+                        help="XLA of the sweep (default auto)")
+    parser.add_argument("--compare", type=_csv(FACTORS + ("none",), "--compare"),
+                        default=FACTORS, help="settings to compare: precision,xla,engine or none")
+    parser.add_argument("--rounds", type=_positive, default=3,
+                        help="alternating rounds of the settings comparison (default 3)")
+    parser.add_argument("--steps", type=_positive, default=3,
+                        help="measured steps per setting and round (default 3)")
+    parser.add_argument("--sweep-rounds", type=_positive, default=2)
+    parser.add_argument("--sweep-steps", type=_positive, default=3)
+    parser.add_argument("--sweep-repeats", type=_positive, default=1,
+                        help="run the whole sweep this many times, alternating its order; each "
+                             "point keeps its median (default 1)")
+    parser.add_argument("--point-timeout", type=float, default=600.0,
+                        help="seconds per sweep point before it is stopped (default 600)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="do not profile 2 steps of each compared setting (into "
+                             "OUT/profiles/MODEL/); without the profile the step-time shares "
+                             "show only the input wait, not matmul/softmax/elementwise")
+    add_tf_log_level_flag(parser)
+    return parser
+
+
+def engine_parser():
+    """Flags of `tfdist bench engine` (no arguments; see `--help`).
+
+    Args:
+        none.
+
+    Example:
+
+    >>> engine_parser().parse_args([]).size
+    'small'
+    """
+    parser = argparse.ArgumentParser(
+        prog="tfdist bench engine",
+        description="tfdist's engine vs Keras model.fit on the Transformer recipe's model, in "
+                    "one process, alternating rounds: same settings (float32; XLA off and on) "
+                    "and defaults vs defaults (tfdist: --strategy/--precision/--xla auto as the "
+                    "recipe resolves them; Keras: compile() defaults, jit_compile='auto').")
+    parser.add_argument("--model", choices=MODELS, default="transformer")
+    parser.add_argument("--size", default=None,
+                        help="model size (default: transformer small = 4 layers, d=256, 8 heads)")
+    parser.add_argument("--batch", type=_positive, default=32, help="global batch (default 32)")
+    parser.add_argument("--sequence-length", type=_positive, default=128)
+    parser.add_argument("--vocab-size", type=_positive, default=8000)
+    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None)
+    parser.add_argument("--strategy", default="default",
+                        help="strategy of the same-settings pairs: default (none), one_device, "
+                             "mirrored (default: default)")
+    parser.add_argument("--devices", type=_positive, default=None,
+                        help="devices of that strategy (e.g. 1 for mirrored)")
+    parser.add_argument("--same-xla", type=_csv(("off", "on"), "--same-xla"),
+                        default=("off", "on"), help="XLA settings of the same-settings pairs")
+    parser.add_argument("--rounds", type=_positive, default=6)
+    parser.add_argument("--steps", type=_positive, default=3)
+    parser.add_argument("--warmup-steps", type=_positive, default=2)
+    parser.add_argument("--recipe-flags", default="",
+                        help="more recipe flags for the model, e.g. '--dropout 0'")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="after the rounds, profile 2 steps of each contender into DIR and "
+                             "print where the time goes (op kinds) and the shares of the step "
+                             "in input wait, matmul, softmax/loss and elementwise")
+    parser.add_argument("--no-input-share", action="store_true",
+                        help="skip the rounds on one batch replayed from memory (they measure "
+                             "the input-wait share and double the measuring time)")
+    parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, 1 round of 2 steps (for tests)")
+    add_tf_log_level_flag(parser)
+    return parser
+
+
+def _sizes(text):
+    sizes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        model, _, size = item.partition("=")
+        if model not in MODELS or not size:
+            raise ValueError(f"--sizes item {item!r} must be MODEL=SIZE with MODEL one of "
+                             f"{', '.join(MODELS)}, e.g. transformer=small.")
+        sizes[model] = size
+    return sizes
+
+
+def run_report_command(argv):
+    """`tfdist bench [report]`: runs the full report; returns the exit code.
+
+    Args:
+        argv: the flags after `report` (see `report_parser`).
+
+    Returns:
+        0; 1 when a sweep point failed (the report is still written).
+
+    Example:
+
+    >>> run_report_command(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
+    0
+    """
+    from tfdist.bench.plot import MISSING_MATPLOTLIB, matplotlib_available
+    from tfdist.bench.run import ReportOptions, command_line, run_report
+    from tfdist.bench.sweep import default_max_replicas
+
+    args = report_parser().parse_args(argv)
+    import_tensorflow(args.tf_log_level)
+    if args.max_replicas is None:
+        args.max_replicas = default_max_replicas()
+    if args.max_replicas > 0 and not matplotlib_available():
+        print(f"tfdist bench: {MISSING_MATPLOTLIB}", file=sys.stderr, flush=True)
+    options = ReportOptions(
+        models=args.models, out_dir=args.out, quick=args.quick, sizes=_sizes(args.sizes),
+        batch=args.batch, scaling=args.scaling, max_replicas=args.max_replicas,
+        max_workers=args.max_workers, precision=args.precision, xla=args.xla,
+        factors=() if "none" in args.compare else args.compare, rounds=args.rounds,
+        steps=args.steps, sweep_rounds=args.sweep_rounds, sweep_steps=args.sweep_steps,
+        sweep_repeats=args.sweep_repeats, profile=not args.no_profile,
+        sequence_length=args.sequence_length, vocab_size=args.vocab_size, data=args.data,
+        point_timeout=args.point_timeout, command=command_line(["report"] + list(argv)))
+    for model in options.models:
+        options.workload(model)  # validate sizes and data before any work
+    result = run_report(options)
+    print(f"Wrote {', '.join(result['outputs'])}")
+    failed = [f"{model} {row['replicas']}x{row['workers']}"
+              for model, section in result["scaling"].items() for row in section["rows"]
+              if "error" in row]
+    if failed:
+        print(f"tfdist bench: failed sweep points: {', '.join(failed)} (see points/*.log)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_engine_command(argv):
+    """`tfdist bench engine`: tfdist vs Keras fit; returns the exit code.
+
+    Args:
+        argv: the flags after `engine` (see `engine_parser`).
+
+    Example:
+
+    >>> run_engine_command(["--quick", "--json-out", "/tmp/engine.json"])  # doctest: +SKIP
+    0
+    """
+    import shlex
+
+    from tfdist.bench.compare import format_comparison
+    from tfdist.bench.engine_compare import TITLE, compare_engines
+    from tfdist.bench.peak import QUICK_SIZE
+    from tfdist.bench.workloads import Workload
+
+    args = engine_parser().parse_args(argv)
+    import_tensorflow(args.tf_log_level)
+    if args.quick:
+        workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
+                                                            else "resnet_tiny"),
+                            sequence_length=32, vocab_size=256, image_size=16,
+                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
+        rounds, steps, warmup = 1, 2, 1
+    else:
+        workload = Workload(args.model, size=args.size, data=args.data,
+                            sequence_length=args.sequence_length, vocab_size=args.vocab_size,
+                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
+        rounds, steps, warmup = args.rounds, args.steps, args.warmup_steps
+    report = compare_engines(workload, args.batch if not args.quick else 8,
+                             strategy=args.strategy, devices=args.devices,
+                             same_xla=args.same_xla, rounds=rounds, steps=steps,
+                             warmup_steps=warmup, log=print, profile_dir=args.profile,
+                             input_share=not args.no_input_share,
+                             peak_size=QUICK_SIZE if args.quick else None)
+    print(format_comparison(report, TITLE))
+    if args.json_out:
+        write_json(args.json_out, report)
+        print(f"Wrote {args.json_out}")
+    return 0
+
+
+def main(argv=None):
+    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|autotune]
+    ARGS`; returns the exit code.
+
+    TensorFlow is imported quietly (`tfdist.runtime.tf_logging.import_tensorflow`)
+    as soon as the flags are read, before any work; `--tf-log-level N`
+    (report, engine) or `$TF_CPP_MIN_LOG_LEVEL` asks for its log lines.
+
+    Args:
+        argv: the arguments after `bench` (default `sys.argv[1:]`); a first
+            argument naming a sub-command (`SUBCOMMANDS`) picks it,
+            anything else means `report`. Bad values exit 2 with a message.
+
+    Example:
+
+    >>> main(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
+    0
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.getLogger("tfdist").setLevel(logging.WARNING)
+    # Contenders of one process each trace their own step: TensorFlow's
+    # "excessive retracing" warning about that is noise here.
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    command = "report"
+    if argv and argv[0] in SUBCOMMANDS:
+        command, argv = argv[0], argv[1:]
+    try:
+        if command == "point":
+            from tfdist.bench.point import main as point_main
+            # A point process takes its log level from the environment its
+            # parent (`report`, which set it) gives it.
+            import_tensorflow()
+            return point_main(argv)
+        if command == "engine":
+            return run_engine_command(argv)
+        if command == "parameter-server":
+            from tfdist.bench.ps_bench import main as parameter_server_main
+            return parameter_server_main(argv)
+        if command == "autotune":
+            from tfdist.bench.autotune_check import main as autotune_main
+            return autotune_main(argv)
+        if command == "model-parallel":
+            from tfdist.bench.pipeline_bench import main as model_parallel_main
+            return model_parallel_main(argv)
+        return run_report_command(argv)
+    except ValueError as error:
+        print(f"tfdist bench {command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1106 @@
+"""The run loop every recipe shares.
+
+Data flows one way: config -> strategy -> precision -> datasets (per input
+pipeline) -> model, loss and optimizer built in the strategy scope -> the
+training engine -> callbacks -> report. A recipe only says what differs: its
+own options, how to build its data and its model (`Recipe`).
+
+Example:
+
+    RECIPE = Recipe(name="transformer", description="...", options=[...],
+                    defaults={"global_batch_size": 64}, build_data=..., build_model=...)
+
+    def main(argv=None):
+        return run_recipe(RECIPE, argv)
+"""
+
+import dataclasses
+import errno
+import logging
+import math
+import os
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from tfdist.runtime import exit_codes
+from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme
+from tfdist.runtime.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
+                               parse_gpu_memory)
+from tfdist.recipes.auto_choices import settle_auto_choices
+from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
+from tfdist.recipes.model_parallel_flags import (check_model_parallel_flags,
+                                           prepare_model_parallel_devices, stage_plan_block)
+from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
+from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
+from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
+                                   read_record, render_record, settle_record, write_record,
+                                   writer_of_backup)
+from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, Preempted
+from tfdist.xla import resolve_xla
+
+# Kept as names for callers; the table with every code and its meaning is tfdist.runtime.exit_codes.
+INTERRUPTED_EXIT_CODE = exit_codes.INTERRUPTED
+CLUSTER_LOST_EXIT_CODE = exit_codes.CLUSTER_LOST
+"""Exit code when the cluster did not form in time or a peer was lost during
+training. Cluster managers retry codes >= 128 (Kubeflow's ExitCode policy,
+a SLURM requeue); the relaunched job resumes from its last backup."""
+
+# TensorFlow's errors when a collective or the coordination service loses a
+# peer (connection refused or reset, heartbeat timeout, aborted collective).
+_CLUSTER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError",
+                   "CancelledError")
+# Strategies that train on this machine alone: a TF_CONFIG does not make them a cluster.
+_SINGLE_MACHINE = ("one_device", "mirrored", "default")
+# What TensorFlow's file errors say when the environment, not the input, is at fault.
+_ENVIRONMENT_FAULTS = {
+    "No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES,
+}
+SUMMARY_LENGTH = 200
+"""Characters of a TensorFlow error quoted in a one-line stop message (cut at a word)."""
+
+logger = logging.getLogger("tfdist")
+
+PEER_EXIT_WAIT = 20.0
+"""Seconds a multi-worker run waits at exit for the other workers (below the
+30 s a cluster manager or the launcher gives between SIGTERM and SIGKILL)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeData:
+    """What a recipe's data builder returns.
+
+    Attributes:
+        train: the training `Source` (see `tfdist.data`).
+        validation: the validation `Source`, or None.
+        description: one line for the start-up block.
+        tokens_per_example: tokens in one example, for tokens/s (None for
+            data without a token axis).
+        chance: a dict of metric name to its chance-level value, printed
+            beside the final figures so a reader sees what was learned.
+        info: anything the model builder needs (vocabulary size, classes...).
+    """
+
+    train: object
+    validation: object
+    description: str
+    tokens_per_example: int = None
+    chance: dict = dataclasses.field(default_factory=dict)
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeModel:
+    """What a recipe's model builder returns (called inside the strategy scope).
+
+    Attributes:
+        model: a `keras.Model`.
+        loss: a Keras loss.
+        metrics: a list of Keras metrics.
+        description: one line for the start-up block.
+        flops_per_example: model training FLOPs per example, for MFU.
+        prepare_optimizer: called with the optimizer once it is built (still
+            in the strategy scope), e.g. to exclude variables from weight
+            decay; None for nothing.
+        xla_blocker: why the replica step of this model cannot be compiled
+            with XLA (e.g. a cross-replica collective inside the model), or
+            None when it can.
+    """
+
+    model: object
+    loss: object
+    metrics: list
+    description: str
+    flops_per_example: float = None
+    prepare_optimizer: Callable = None
+    xla_blocker: str = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A runnable recipe: its options and how to build its data and model.
+
+    Args:
+        name: the module name under `tfdist.recipes`.
+        description: the `--help` description.
+        options: the recipe's own `Option`s, added to `COMMON_OPTIONS`.
+        defaults: new defaults for common options (e.g. the batch size).
+        build_data: `config -> RecipeData`.
+        build_model: `(config, RecipeData) -> RecipeModel`, called inside
+            the strategy scope.
+        xla_blocker: `config -> str or None`: why the model this config
+            builds cannot be XLA-compiled (known before it is built, for
+            `--print-config`); None when every model can be.
+        train_examples: `config -> int or None`: the number of training
+            examples when it is known without reading data (an embedded
+            dataset), so that a warmup longer than the run is refused before
+            TensorFlow starts.
+        epilog: text after the flags in `--help`.
+    """
+
+    name: str
+    description: str
+    options: list
+    defaults: dict
+    build_data: Callable
+    build_model: Callable
+    xla_blocker: Callable = None
+    train_examples: Callable = None
+    epilog: str = None
+
+    def main(self, argv=None):
+        """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
+        return run_recipe(self, argv)
+
+    def all_options(self):
+        """The common options with this recipe's defaults, then its own."""
+        unknown = set(self.defaults) - {option.name for option in COMMON_OPTIONS}
+        if unknown:
+            raise ValueError(f"Recipe {self.name!r} sets defaults for unknown options: {sorted(unknown)}.")
+        common = [dataclasses.replace(option, default=self.defaults[option.name])
+                  if option.name in self.defaults else option for option in COMMON_OPTIONS]
+        return common + list(self.options)
+
+
+def _configure_logging(verbose):
+    """tfdist's own messages at INFO on stderr (the data pipeline's per-shard
+    lines only with --verbose 3); other libraries' loggers are left alone."""
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.propagate = False
+    logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 3 else logging.WARNING)
+    # Said in the outputs block at the end instead of in the middle of the bar.
+    logging.getLogger("tfdist.callbacks.profiler").setLevel(logging.WARNING)
+
+
+def _respect_xla_blocker(mode, jit_compile, reason, blocker):
+    """Turns `auto` XLA off, with the reason, for a model that cannot be
+    compiled; `--xla on` for such a model is an error, never a silent change."""
+    if blocker is None or not jit_compile:
+        return jit_compile, reason
+    if mode == "on":
+        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
+    return False, f"auto: {blocker}"
+
+
+def _exit_error(prefix, error):
+    print(f"{prefix}: error: {error}", file=sys.stderr)
+    return exit_codes.BAD_INPUT
+
+
+def run_recipe(recipe, argv=None):
+    """Parses flags, builds everything and trains. Returns the exit code.
+
+    Every way a run ends has one code from `tfdist.runtime.exit_codes` and one line:
+    bad flags, configs, strategy names or TF_CONFIG, and environment faults
+    (a read-only or full disk, a model dir that is a file or used by another
+    run) exit 2 (flag and config errors before TensorFlow starts). SIGTERM or
+    Ctrl-C (SIGINT) during training: every worker backs up at one step, one
+    line says where and which backup a rerun resumes from, exit 143
+    (`PREEMPTED_EXIT_CODE`); after the last training step such a signal ends
+    the run normally (exit 0); Ctrl-C before training is set up exits 130. A
+    lost peer or ps task exits 141. The model dir is locked for the run
+    (`tfdist.runtime.run_lock`) and every run leaves an entry in `MODEL_DIR/runs/`.
+
+    Example:
+
+    >>> run_recipe(RECIPE, ["--epochs", "1", "--model-dir", "runs/a"])
+    0
+    """
+    prog = f"python -m tfdist.recipes.{recipe.name}"
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config = parse_config(argv, recipe.all_options(), prog=prog,
+                              description=recipe.description, epilog=recipe.epilog)
+        check_before_tensorflow(recipe, config)
+    except ConfigError as error:
+        return _exit_error(prog, error)
+    if config.verbose is None:
+        # Keras's progress bar smears into one long line when stdout is a pipe
+        # (CI logs, the launcher), so default to a line per epoch there.
+        config.verbose = 1 if sys.stdout.isatty() else 2
+    _configure_logging(config.verbose)
+    where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir}
+    try:
+        if config.print_config:
+            return _print_config(recipe, config)
+        code = _train(recipe, config, where)
+        _end_run(where, code, where.get("outcome", "finished"))
+        _leave_together(where)
+        return code
+    except KeyboardInterrupt:
+        code, line = exit_codes.INTERRUPTED, _interrupted_line()
+    except Preempted as stop:
+        history = where.get("history")
+        if history is not None and stop.backup is not None:
+            history.note_backup(stop.backup.path)
+        code, line = PREEMPTED_EXIT_CODE, _preempted_line(stop, where)
+        where["stopped_together"] = True
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is one of the known faults
+        try:
+            code, line = _known_fault(prog, error, where)
+        except BaseException:
+            _end_run(where, exit_codes.FAILED, f"failed: {type(error).__name__}: "
+                                               f"{_summary(str(error))}")
+            raise
+    print(line, file=sys.stderr, flush=True)
+    _end_run(where, code, line.removeprefix(f"{prog}: "))
+    if where.get("stopped_together"):
+        _leave_together(where)
+    return code
+
+
+def _leave_together(where):
+    """Workers of a multi-worker run that finished or stopped at one agreed step
+    exit together: the chief, which hosts TensorFlow's coordination service,
+    does not leave while another worker still talks to it (that worker would
+    spend ~10 s failing to reach it). Bounded by PEER_EXIT_WAIT seconds."""
+    if where.get("collective_workers", 1) > 1:
+        from tfdist.seam import wait_for_peers_at_exit
+
+        wait_for_peers_at_exit(timeout_seconds=PEER_EXIT_WAIT)
+
+
+def _known_fault(prog, error, where):
+    """(exit code, one line) for an error the runner explains; re-raises any other."""
+    name = type(error).__name__
+    if os.environ.get("TFDIST_TRACEBACK"):
+        raise error
+    # By name: tfdist.training.ps_loop and tfdist.distribute.strategy import TensorFlow.
+    if name == "ParameterServerLostError":
+        return _cluster_lost(prog, error, where, "a parameter-server task was lost")
+    if name == "StrategyStartupError":
+        return _cluster_lost(prog, error, where, "the cluster did not form")
+    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+        return exit_codes.BAD_INPUT, _environment_line(prog, error, where)
+    if isinstance(error, (ValueError, RuntimeError, FileNotFoundError)):
+        # ValueError/RuntimeError from tfdist carry teaching messages; name
+        # them on one line rather than burying them in a traceback.
+        return exit_codes.BAD_INPUT, f"{prog}: error: {name}: {error}"
+    if "tensorflow" in type(error).__module__:
+        fault = _environment_errno(error)
+        if fault is not None:
+            return exit_codes.BAD_INPUT, _environment_line(prog, error, where, fault)
+        if name in _CLUSTER_ERRORS:
+            return _cluster_lost(prog, error, where, "a peer was lost")
+    raise error
+
+
+def _environment_errno(error):
+    """The errno a TensorFlow file error stands for (disk full, read-only...), or None."""
+    text = str(getattr(error, "message", error))
+    return next((number for phrase, number in _ENVIRONMENT_FAULTS.items() if phrase in text),
+                None)
+
+
+def _environment_line(prog, error, where, number=None):
+    """One line for a fault of the machine (disk, permissions), naming the file and the way out."""
+    backup = _resume_target(where)
+    resume = f" A rerun then resumes from {backup}." if backup else ""
+    if type(error).__module__.startswith("tfdist"):  # tfdist's own errors (BackupWriteError) say it all
+        return f"{prog}: error: {type(error).__name__}: {error}{resume}"
+    number = number if number is not None else (getattr(error, "errno", None)
+                                                 or _environment_errno(error))
+    path = getattr(error, "filename", None)
+    text = (error.strerror if getattr(error, "strerror", None)
+            else _summary(str(getattr(error, "message", error))))
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        advice = ("The disk is full: free space there (a backup needs about the size of the "
+                  "last one), or use a --model-dir on a larger disk, and rerun." + resume)
+    elif number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        advice = ("The folder is read-only or not writable by this user: use a writable "
+                  "--model-dir (and --backup-dir).")
+    elif number in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        advice = "A file is in the way where a folder is needed: --model-dir must name a folder."
+    else:
+        advice = "Fix the file system problem and rerun." + resume
+    return f"{prog}: error: cannot write{f' {path}' if path else ''}: {text}. {advice}"
+
+
+def _end_run(where, code, outcome):
+    """Closes the run's history entry and settles config.yaml (the record of the
+    run that wrote the newest backup)."""
+    history = where.pop("history", None)
+    if history is None:
+        return
+    try:
+        history.finish(outcome, code)
+        newest = _newest_backup(where.get("backup_dir"))
+        if newest is not None:
+            settle_record(where["model_dir"], newest.path)
+    except OSError as error:  # the fault being reported may be this very disk
+        logger.warning("Could not complete the run record in %s: %s", where["model_dir"], error)
+
+
+def _newest_backup(backup_dir):
+    """The newest readable backup in `backup_dir` (None without TensorFlow or backups)."""
+    if not backup_dir or "tensorflow" not in sys.modules:
+        return None
+    from tfdist.callbacks import latest_backup
+
+    try:
+        return latest_backup(backup_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def _describe_backup(info):
+    """`ckpt-N (global step S) in DIR` for a BackupInfo (the backup package's wording)."""
+    from tfdist.callbacks import describe_backup
+
+    return describe_backup(info)
+
+
+def _backup_name(info):
+    """`ckpt-N, global step S` for a BackupInfo, for lines that name its folder already."""
+    return f"{os.path.basename(info.path)}, global step {info.global_step}"
+
+
+def _resume_target(where):
+    """The backup a rerun resumes from, described, or None."""
+    info = _newest_backup(where.get("backup_dir"))
+    return _describe_backup(info) if info is not None else None
+
+
+def _summary(text, limit=SUMMARY_LENGTH):
+    """The first meaningful line of an error, cut at a word boundary with "…".
+
+    Example:
+
+    >>> _summary("Graph execution error:\n\n" + "Connection reset by peer " * 3, 30)
+    'Connection reset by peer…'
+    """
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and "Graph execution error" not in line]
+    first = lines[0] if lines else ""
+    if len(first) <= limit:
+        return first
+    cut = first[:limit].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return (cut or first[:limit]) + "…"
+
+
+def _save_full_error(error, where):
+    """Writes the full text of `error` to a file and returns its path (None if it cannot)."""
+    folder = (os.path.join(where["model_dir"], "errors") if where.get("model_dir")
+              else tempfile.gettempdir())
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}.txt"
+    path = os.path.join(folder, name if where.get("model_dir") else f"tfdist-error-{name}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as stream:
+            stream.write(f"{type(error).__module__}.{type(error).__name__}: "
+                         f"{getattr(error, 'message', error)}\n")
+    except OSError:
+        return None
+    return path
+
+
+def _cluster_lost(prog, error, where, what):
+    """(the retryable exit code, one line) for a cluster that broke."""
+    if os.environ.get("TFDIST_TRACEBACK"):
+        raise error
+    text = str(getattr(error, "message", error))
+    summary = _summary(text)
+    full = _save_full_error(error, where) if summary != text.strip() else None
+    backup = _newest_backup(where.get("backup_dir"))
+    retry = f"a cluster manager retries exit {CLUSTER_LOST_EXIT_CODE}"
+    if backup:
+        resume = (f"; run the same command again ({retry}) to resume from the last backup in "
+                  f"{where['backup_dir']} ({_backup_name(backup)})")
+    elif where.get("backup_dir"):
+        resume = (f"; run the same command again ({retry}); no backup in "
+                  f"{where['backup_dir']} yet, so it starts over")
+    else:
+        resume = f"; run the same command again to retry ({retry})"
+    line = f"{prog}: {what} ({type(error).__name__}: {summary}){resume}."
+    if full:
+        line += f" Full error: {full}"
+    return CLUSTER_LOST_EXIT_CODE, line
+
+
+def check_before_tensorflow(recipe, config):
+    """Checks what can be checked from the flags alone, before TensorFlow starts.
+
+    The strategy, precision and `--gpu-memory` values are checked while
+    parsing; here: the all-reduce name for the strategy, `--cluster-resolver`
+    against the strategy, `--gpu-memory` against
+    `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
+    (when the run's length is known without reading data), and the flags
+    that need `--model-dir`.
+
+    Raises:
+        ConfigError: naming the flag and the way out.
+
+    Example:
+
+    >>> check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
+    """
+    from tfdist.distribute.names import check_all_reduce_name
+
+    try:
+        check_all_reduce_name(config.strategy, config.all_reduce)
+    except ValueError as error:
+        raise ConfigError(f"--all-reduce: {error}") from None
+    check_cluster_resolver(config)
+    check_model_parallel_flags(config)
+    try:
+        check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
+    except ValueError as error:
+        raise ConfigError(f"--gpu-memory: {error}") from None
+    check_skip_corrupt_records(config)
+    check_output_folders(config)
+    for flag, value in (("--profile-steps", config.profile_steps),):
+        if value is not None and not config.model_dir:
+            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
+    steps_per_epoch = config.steps_per_epoch
+    if steps_per_epoch is None and recipe.train_examples is not None:
+        examples = recipe.train_examples(config)
+        if examples is not None:
+            steps_per_epoch = max(examples // config.global_batch_size, 1)
+    if steps_per_epoch is not None:
+        check_warmup(config, steps_per_epoch)
+
+
+def check_cluster_resolver(config):
+    """Refuses `--cluster-resolver slurm` with a strategy that never reads a cluster.
+
+    Only `auto` and `multi_worker_mirrored` find their cluster through the
+    resolver; one_device, mirrored and default train on this machine alone.
+
+    Raises:
+        ConfigError: naming the strategy and the way out.
+
+    Example:
+
+    >>> check_cluster_resolver(argparse.Namespace(cluster_resolver="slurm", strategy="mirrored"))
+    Traceback (most recent call last):
+    ConfigError: --cluster-resolver slurm finds the workers of a multi-worker run ...
+    """
+    if config.cluster_resolver == "tf_config" or config.strategy in ("auto", "multi_worker_mirrored"):
+        return
+    if config.strategy == "parameter_server":
+        raise ConfigError(
+            f"--cluster-resolver {config.cluster_resolver}: --strategy parameter_server reads "
+            "its chief, worker and ps tasks from TF_CONFIG only. Set TF_CONFIG on every task "
+            "(Kubeflow's TFJob does; `python -m tfdist.launch --workers N --ps M` on one machine).")
+    raise ConfigError(
+        f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
+        f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
+        "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
+
+
+def check_output_folders(config):
+    """Refuses a --model-dir or --backup-dir that names something other than a folder.
+
+    Raises:
+        ConfigError: naming the flag, the path and the way out.
+
+    Example:
+
+    >>> check_output_folders(argparse.Namespace(model_dir="notes.txt", backup_dir=None))
+    Traceback (most recent call last):
+    ConfigError: --model-dir notes.txt is a file, not a folder ...
+    """
+    for flag, path in (("--model-dir", config.model_dir),
+                       ("--backup-dir", getattr(config, "backup_dir", None))):
+        if path and os.path.lexists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{flag} {path} is a file, not a folder: name a folder (it is "
+                              "created if missing), e.g. the file's name without its extension.")
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        while parent and not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
+                              "whose parents are folders.")
+
+
+def check_skip_corrupt_records(config):
+    """Refuses --skip-corrupt-records when no dataset of the run is read from TFRecords.
+
+    Raises:
+        ConfigError: naming the datasets and the schemes the flag applies to.
+
+    Example:
+
+    >>> check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=True,
+    ...                                               dataset="embedded"))
+    Traceback (most recent call last):
+    ConfigError: --skip-corrupt-records applies to TFRecord data ...
+    """
+    if not getattr(config, "skip_corrupt_records", False):
+        return
+    specs = [spec for spec in (config.dataset, getattr(config, "validation_dataset", None)) if spec]
+    if any(dataset_scheme(spec) in TFRECORD_SCHEMES for spec in specs):
+        return
+    raise ConfigError(
+        f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
+        f" but this run reads only {' and '.join(map(repr, specs)) or 'no dataset'}: there are no "
+        "records to skip. Drop the flag.")
+
+
+def check_warmup(config, steps_per_epoch):
+    """Refuses a warmup that does not end before the last optimizer step.
+
+    Raises:
+        ConfigError: naming the warmup, the run's optimizer steps and the way out.
+
+    Example:
+
+    >>> check_warmup(argparse.Namespace(warmup_steps=30, epochs=1, grad_accum_steps=1), 10)
+    Traceback (most recent call last):
+    ConfigError: --warmup-steps 30 is not shorter than the run ...
+    """
+    total = optimizer_steps(config, steps_per_epoch)
+    if config.warmup_steps and config.warmup_steps >= total:
+        raise ConfigError(
+            f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
+            f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
+            + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
+            + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
+            "or a longer run (--epochs, --steps-per-epoch).")
+
+
+def build_recipe_optimizer(config, total_steps, built):
+    """The run's optimizer and learning-rate schedule from the recipe flags, prepared
+    for the model `built` (e.g. weight decay exclusions); call in the strategy scope.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     optimizer = build_recipe_optimizer(config, 1000, built)
+    """
+    from tfdist.schedules.optimizers import build_optimizer
+
+    optimizer = build_optimizer(
+        config.optimizer, config.learning_rate, schedule=config.schedule,
+        warmup_steps=config.warmup_steps, total_steps=total_steps,
+        weight_decay=config.weight_decay)
+    if built.prepare_optimizer is not None:
+        built.prepare_optimizer(optimizer)
+    return optimizer
+
+
+def optimizer_steps(config, steps_per_epoch):
+    """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps)."""
+    return math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)
+
+
+def _auto_choices(recipe, config, on_gpu):
+    """The precision and XLA settings this config resolves to on this machine."""
+    from tfdist.precision import resolve_precision
+
+    precision = resolve_precision(config.precision)
+    jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
+    blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
+        model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
+    jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
+    return precision, jit_compile, xla_reason
+
+
+def parameter_server_xla_blocker(config):
+    """Why XLA is off under `--strategy parameter_server` (for `--xla auto`), or None.
+
+    The variables live on the ps tasks and a worker's step reads them over the
+    network; XLA cannot compile a step that reads a variable placed on another
+    task (TensorFlow 2.21: "Trying to access resource ... located in device
+    /job:ps/... from device /job:worker/...").
+
+    Example:
+
+    >>> parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))[:31]
+    'the variables live on ps tasks,'
+    """
+    if config.strategy != "parameter_server":
+        return None
+    return ("the variables live on ps tasks, and XLA cannot compile a step that reads a "
+            "variable placed on another task")
+
+
+def _print_config(recipe, config):
+    """`--print-config`: the options and what `auto` resolves to here, as YAML."""
+    from tfdist.runtime.tf_logging import import_tensorflow
+
+    import_tensorflow(config.tf_log_level)  # to ask for GPUs, quietly
+    from tfdist.distribute.devices import gpu_count
+
+    gpus = gpu_count()
+    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
+    resolved = {"precision": precision.policy, "precision_reason": precision.reason,
+                "xla": jit_compile, "xla_reason": xla_reason,
+                "gpu_memory": _gpu_memory_line(config, gpus)}
+    if config.autotune != "off" and "auto" in (config.precision, config.xla):
+        resolved["autotune"] = (f"{config.autotune}: at start-up a trial on the model (or its "
+                                "cached decision) may replace the rules' precision and XLA above")
+    if config.strategy == "auto":
+        resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
+    print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
+          end="")
+    return exit_codes.FINISHED
+
+
+def _gpu_memory_line(config, gpus):
+    """What `--gpu-memory` does with `gpus` GPUs, for the record and the start block."""
+    note = check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
+    return describe_gpu_memory(config.gpu_memory, gpus, note)
+
+
+def _preempted_line(stop, where):
+    """The one line a SIGTERM/SIGINT stop prints: where, the backup written (its
+    name and global step) and how to resume from it."""
+    stopped = f"Stopped by {stop}"
+    if stop.backup is not None:
+        name = os.path.basename(stop.backup.path)
+        # Only the chief's backup has a path; the other workers took part in writing it.
+        written = f"({name})" if name else "(written by the chief)"
+        return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
+                f"{where.get('backup_dir')} {written}. Rerun the same command to resume from it.")
+    if where.get("backup_dir"):
+        backup = _resume_target(where)
+        return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
+                + (f"resumes from the last backup, {backup}." if backup
+                   else f"starts over: there is no backup in {where['backup_dir']}."))
+    return (f"{stopped}: nothing was saved (add --model-dir DIR or --backup-dir to make runs "
+            "resumable); rerunning starts over.")
+
+
+def _interrupted_line():
+    """The one line Ctrl-C prints before training is set up (once it is, SIGINT
+    waits for a step boundary and stops like a preemption)."""
+    return "Interrupted before training started: nothing was trained or saved."
+
+
+def _serving_task(config):
+    """This task's `ClusterConfig` when it only serves (a parameter-server worker or ps task)."""
+    from tfdist.distribute.tf_config import parse_tf_config
+    from tfdist.distribute.ps_cluster import is_serving_task
+
+    if config.cluster_resolver != "tf_config":
+        return None
+    cluster = parse_tf_config()
+    return cluster if is_serving_task(cluster, config.strategy) else None
+
+
+def _serve(recipe, config, cluster):
+    """Runs a worker or ps task of a parameter-server job until it is stopped."""
+    from tfdist.runtime.tf_logging import import_tensorflow
+
+    import_tensorflow(config.tf_log_level)
+    from tfdist.runtime.gpu_memory import apply_gpu_memory
+    from tfdist.distribute.ps_cluster import serve_task
+    from tfdist.distribute.strategy import write_ready_file
+
+    apply_gpu_memory(parse_gpu_memory(config.gpu_memory))
+    print(f"python -m tfdist.recipes.{recipe.name}: {cluster.task_type} {cluster.task_index} at "
+          f"{cluster.own_address} serves the parameter-server chief (the chief trains, logs and "
+          "backs up; this task stops with SIGTERM).", flush=True)
+    serve_task(cluster, on_ready=write_ready_file)
+    return exit_codes.FINISHED
+
+
+def _train(recipe, config, where):
+    serving = _serving_task(config)
+    if serving is not None:
+        return _serve(recipe, config, serving)
+    if config.strategy in _SINGLE_MACHINE:
+        _ignore_stray_tf_config(config)
+    backup_dir = config.backup_dir or (
+        os.path.join(config.model_dir, "backup") if config.model_dir else None)
+    where["backup_dir"] = backup_dir  # named by the stop lines, from the start
+    if config.model_dir and _alone_before_tensorflow(config):
+        # Before TensorFlow: a model dir in use is refused at once.
+        where["lock"] = _lock_model_dir(config, where)
+    # TensorFlow starts only after the flags are known to be good, quietly
+    # unless asked, and logical devices are split before it initialises
+    # (create_strategy does that).
+    from tfdist.runtime.stop_signals import BlockedStopSignals
+    from tfdist.runtime.tf_logging import import_tensorflow
+
+    # SIGTERM/SIGINT wait for a step boundary (blocked in every thread,
+    # TensorFlow's included); before the first step a watchdog stops the
+    # process at once, as there is nothing to save yet.
+    signals = BlockedStopSignals.install(f"python -m tfdist.recipes.{recipe.name}")
+    tf = import_tensorflow(config.tf_log_level)
+    # GPU memory is configured before anything can initialise the devices.
+    from tfdist.runtime.gpu_memory import apply_gpu_memory
+
+    gpus = apply_gpu_memory(parse_gpu_memory(config.gpu_memory))
+    notice = gpu_memory_notice(config.gpu_memory, gpus)
+    if notice:
+        logger.info(notice)
+    import keras
+
+    from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
+                                  latest_backup, make_logging_callbacks)
+    from tfdist.callbacks.preemption import PreemptionGuard
+    from tfdist.data import describe_epoch_passes, distribute_dataset
+    from tfdist.distribute.strategy import create_strategy, describe_strategy
+    from tfdist.training import Trainer
+
+    devices = prepare_model_parallel_devices(config, gpus)  # K stage devices exist first
+    strategy = create_strategy(config.strategy, devices=devices, all_reduce=config.all_reduce,
+                               cluster_resolver=config.cluster_resolver)
+    info = describe_strategy(strategy)
+    where["collective_workers"] = info.num_workers if info.name != "parameter_server" else 1
+    say = print if info.is_chief else (lambda *args, **kwargs: None)
+    if config.model_dir and info.is_chief and "lock" not in where:
+        where["lock"] = _lock_model_dir(config, where)  # the chief of a cluster
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    data = recipe.build_data(config)
+    if config.global_batch_size % info.num_replicas:
+        raise ValueError(
+            f"--global-batch-size {config.global_batch_size} does not divide evenly over "
+            f"{info.num_replicas} replicas; use a multiple of {info.num_replicas}.")
+    steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
+    check_warmup(config, steps_per_epoch)
+    if config.steps_per_epoch and info.is_chief:
+        repeats = describe_epoch_passes(data.train, config.global_batch_size, steps_per_epoch)
+        if repeats:
+            logger.warning(repeats)
+    total_steps = optimizer_steps(config, steps_per_epoch)
+    precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
+        recipe, config, info, data, on_gpu=gpus > 0,
+        rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
+    keras.mixed_precision.set_global_policy(precision.policy)
+    keras.utils.set_random_seed(config.seed)
+    pipeline = dict(seed=config.seed, deterministic=config.deterministic)
+    train = distribute_dataset(strategy, data.train, config.global_batch_size, training=True,
+                               **pipeline)
+    validation = None
+    if data.validation is not None:
+        validation = distribute_dataset(strategy, data.validation, config.global_batch_size,
+                                        training=False, **pipeline)
+
+    with strategy.scope():
+        built = recipe.build_model(config, data)
+        jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
+                                                       built.xla_blocker)
+        optimizer = build_recipe_optimizer(config, total_steps, built)
+        trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
+                          jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
+                          clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
+                          **model_parallel_arguments(config))
+
+    # The record (config.yaml) keeps the choices and their reasons, not where
+    # they came from: a resumed run that reads the cached decision is the
+    # same configuration as the run that measured it.
+    resolved = {
+        "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
+        "precision": precision.policy, "precision_reason": precision.reason,
+        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": _gpu_memory_line(config, gpus),
+        "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
+        "tensorflow": tf.__version__, "keras": keras.__version__,
+    }
+    resumed_from = latest_backup(backup_dir) if backup_dir else None
+    resuming = resumed_from is not None
+    if config.model_dir and info.is_chief:
+        _record_run(recipe, config, resolved, resumed_from, where)
+    say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
+                     steps_per_epoch, resolved["gpu_memory"] if gpus else None,
+                     autotune_summary))
+    if trainer.stage_plan is not None:
+        say(stage_plan_block(trainer))
+    meter = ThroughputMeter(
+        global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
+        tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
+        steps_per_execution=config.steps_per_execution, log_every=config.log_every, print_fn=None)
+    # Producers first (the loggers after them see their values); NanGuard
+    # before the backup, so that a NaN step is never backed up.
+    callbacks = [meter, NanGuard()]
+    if config.divergence_factor:
+        # Right after NanGuard: a diverged step is never backed up, and
+        # BackupAndResume keeps the last backup the guard saw healthy.
+        callbacks.append(divergence_guard(config, backup_dir))
+    backup = None
+    if backup_dir:
+        backup = BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
+                                 max_to_keep=config.backup_keep, strategy=strategy)
+        callbacks.append(backup)
+        if "history" in where:
+            callbacks.append(_backup_recorder(keras, backup, where))
+    # After the backup: on SIGTERM/SIGINT every worker backs up at one agreed step.
+    guard = PreemptionGuard(backup, signals=signals, strategy=strategy)
+    callbacks.append(guard)
+    if config.model_dir:
+        # CSV, TensorBoard (every --log-every steps and every epoch) and
+        # per-epoch weights, written by the chief only.
+        callbacks += make_logging_callbacks(config.model_dir, checkpoint=True, strategy=strategy,
+                                            append=resuming, update_freq=config.log_every)
+    if config.profile_steps:
+        first, last, _ = parse_step_range(config.profile_steps)
+        callbacks.append(ProfilerWindow(os.path.join(config.model_dir, "tensorboard", "train"),
+                                        start_step=first - 1, stop_step=last))
+    try:
+        history = trainer.fit(train, epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                              validation_data=validation, validation_steps=config.validation_steps,
+                              callbacks=callbacks, verbose=min(config.verbose, 2) if info.is_chief else 0)
+    except tf.errors.DataLossError as error:
+        # TensorFlow names the byte offset of a damaged record, not its file.
+        from tfdist.data import explain_data_loss
+        raise explain_data_loss(error, [data.train, data.validation]) from error
+    say(_final_block(history, data, meter.summary))
+    if getattr(trainer, "worker_steps", None):
+        say("  steps per worker  " + ", ".join(
+            f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
+    if config.skip_corrupt_records:
+        say(_skipped_line([data.train, data.validation], info.num_workers))
+    if config.model_dir and info.is_chief:
+        block, missing = _outputs_block(config.model_dir, backup_dir, config.profile_steps)
+        print(block)
+        if missing:
+            where["outcome"] = f"finished without writing {', '.join(missing)}"
+            print(_missing_outputs_line(recipe, config.model_dir, missing), file=sys.stderr,
+                  flush=True)
+            return exit_codes.FAILED
+    # A SIGTERM/SIGINT taken at the last step, or still pending (it came later).
+    late = getattr(guard, "signal_after_last_step", None) or signals.pending()
+    if late:
+        where["outcome"] = f"finished; {late} arrived after the last training step"
+        print(_finished_anyway_line(late), file=sys.stderr, flush=True)
+    return exit_codes.FINISHED
+
+
+def _skipped_line(sources, num_workers):
+    """What --skip-corrupt-records skipped in the files this process read."""
+    logs = [source.skipped for source in sources if getattr(source, "skipped", None) is not None]
+    damaged = {damage.path: damage for log in logs for damage in log.files}
+    summary = "; ".join(log.summary() for log in logs if log.files) if damaged else "none"
+    if num_workers > 1:
+        return (f"Corrupt TFRecord data skipped (--skip-corrupt-records) in the files the chief "
+                f"read: {summary}; other workers warn as they skip")
+    return f"Corrupt TFRecord data skipped (--skip-corrupt-records): {summary}"
+
+
+def divergence_guard(config, backup_dir):
+    """The `DivergenceGuard` for `--divergence-factor`: judged after max(20
+    steps, the learning-rate warmup in batches), with advice naming the flags.
+
+    Example:
+
+    >>> divergence_guard(parse_config(["--warmup-steps", "100"], ...), "run/backup").warmup
+    100
+    """
+    from tfdist.callbacks import DivergenceGuard
+    from tfdist.callbacks.divergence import DEFAULT_WARMUP
+
+    warmup = max(DEFAULT_WARMUP, config.warmup_steps * config.grad_accum_steps)
+    if backup_dir:
+        hint = (f"To resume from the last good backup in {backup_dir}, rerun with the same flags "
+                "but a lower --learning-rate (e.g. a tenth), or with --clip-norm or a longer "
+                "--warmup-steps.")
+    else:
+        hint = ("Nothing was saved (add --model-dir DIR to make runs resumable); rerun with a "
+                "lower --learning-rate, or with --clip-norm or a longer --warmup-steps.")
+    hint += f" --divergence-factor 0 turns this check off (now {config.divergence_factor:g})."
+    return DivergenceGuard(factor=config.divergence_factor, warmup=warmup, hint=hint)
+
+
+def _record_run(recipe, config, resolved, resumed_from, where):
+    """Starts the run's entry in MODEL_DIR/runs/; a resumed run first names what
+    changed since the run that wrote the backup it resumes from.
+
+    `config.yaml` is written here only in a fresh folder; otherwise it is
+    replaced once this run writes a backup (`_backup_recorder`) and settled
+    at the end (`_end_run`), so a refused or diverged run never replaces the
+    record of the run whose backups are left.
+    """
+    values = config_values(config, recipe.all_options())
+    if resumed_from is not None:
+        writer = writer_of_backup(config.model_dir, resumed_from.path)
+        reference = writer if writer is not None else read_record(config.model_dir)
+        changes = changed_keys(reference, {"options": values, "resolved": resolved})
+        if changes:
+            logger.warning("Resuming in %s with a different configuration than the run that "
+                           "wrote its backups: %s.", config.model_dir, describe_changes(changes))
+    lock = where.get("lock")
+    run = dict(lock.holder) if lock is not None else {
+        "host": socket.gethostname(), "pid": os.getpid(), "command": where["command"],
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    where["record"] = (values, resolved, config.config_file)
+    where["history"] = RunHistory.start(config.model_dir, values, resolved, config.config_file,
+                                        run=run)
+    if resumed_from is None and read_record(config.model_dir) is None:
+        write_record(config.model_dir, values, resolved, config.config_file)
+
+
+def _backup_recorder(keras, backup, where):
+    """A callback (placed after `backup`) that notes each backup this run writes
+    in its history entry and, from its first one on, makes config.yaml this
+    run's record (the newest backup is now this run's)."""
+
+    class RecordBackups(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seen = None
+
+        def _check(self, *args, **kwargs):
+            info = backup.last_backup
+            history = where.get("history")
+            if info is None or not info.path or info.path == self.seen or history is None:
+                return
+            first = not history.backups
+            self.seen = info.path
+            history.note_backup(info.path)
+            if first:
+                write_record(where["model_dir"], *where["record"])
+
+        on_train_batch_end = on_epoch_end = on_train_end = _check
+
+    return RecordBackups()
+
+
+def _lock_model_dir(config, where):
+    """Takes the model dir's lock for this run (see `tfdist.runtime.run_lock`)."""
+    from tfdist.runtime.run_lock import acquire
+
+    return acquire(config.model_dir, command=where["command"])
+
+
+def _alone_before_tensorflow(config):
+    """Whether this process trains alone (and so owns the model dir), known
+    from the flags and TF_CONFIG before TensorFlow starts."""
+    from tfdist.distribute.tf_config import parse_tf_config
+
+    if config.strategy in _SINGLE_MACHINE:
+        return True
+    return (config.strategy == "auto" and config.cluster_resolver == "tf_config"
+            and parse_tf_config() is None)
+
+
+def _ignore_stray_tf_config(config):
+    """A single-machine strategy trains and writes alone: a TF_CONFIG left in
+    the environment is named in one warning line and ignored (removed from
+    this process's environment, so that nothing treats the run as a worker)."""
+    from tfdist.distribute.tf_config import parse_tf_config
+
+    cluster = parse_tf_config()  # a malformed TF_CONFIG is still an error naming the field
+    if cluster is None:
+        return
+    tasks = sum(len(addresses) for addresses in cluster.cluster.values())
+    logger.warning(
+        "TF_CONFIG names this process %s %d of a %d-task cluster, but --strategy %s trains on "
+        "this machine alone: TF_CONFIG is ignored and this run trains and writes its outputs "
+        "by itself. Unset TF_CONFIG, or use --strategy multi_worker_mirrored to join the "
+        "cluster.", cluster.task_type, cluster.task_index, tasks, config.strategy)
+    os.environ.pop("TF_CONFIG", None)
+
+
+def _finished_anyway_line(signal_name):
+    """The line for a stop signal that arrived after the last training step."""
+    return (f"{signal_name} arrived after the last training step: the run had finished, so "
+            "there is nothing to resume (exit 0).")
+
+
+def _missing_outputs_line(recipe, model_dir, missing):
+    """The line for outputs the run announced but did not write."""
+    return (f"python -m tfdist.recipes.{recipe.name}: error: the run finished but did not write "
+            f"{', '.join(missing)} in {model_dir}; check that the folder is writable and has "
+            f"space, and that TF_CONFIG does not make this run a non-chief worker "
+            f"(exit {exit_codes.FAILED}).")
+
+
+def _steps_in(source, global_batch_size):
+    size = getattr(source, "num_examples", None)
+    if not size:
+        raise ValueError(
+            "The dataset does not know its size, so one epoch has no length: pass --steps-per-epoch.")
+    steps = size // global_batch_size
+    if steps < 1:
+        raise ValueError(
+            f"The dataset has {size} examples, fewer than one global batch of "
+            f"{global_batch_size}; lower --global-batch-size.")
+    return steps
+
+
+def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
+                 gpu_memory=None, autotune=None):
+    per_replica = config.global_batch_size // info.num_replicas
+    placement = f"{info.num_replicas} replica(s) on {info.num_workers} worker(s)"
+    if info.name == "parameter_server":
+        placement = (f"asynchronous, {info.num_replicas} replica(s) per worker, each step "
+                     "the whole global batch")
+    lines = [
+        "tfdist run",
+        f"  strategy      {info.name}: {placement}" + (f" ({info.note})" if info.note else ""),
+        f"  devices       {', '.join(info.devices)}",
+    ]
+    if gpu_memory:
+        lines.append(f"  GPU memory    {gpu_memory}")
+    lines += [
+        f"  batch         global {config.global_batch_size}, per replica {per_replica}"
+        + (f", {config.grad_accum_steps} micro-batches per optimizer step" if config.grad_accum_steps > 1 else ""),
+        f"  precision     {precision.policy} ({precision.reason})",
+        f"  XLA           {'on' if jit_compile else 'off'} ({xla_reason})",
+    ]
+    if autotune:
+        lines.append(f"  autotune      {autotune}")
+    lines += [
+        f"  dataset       {data.description}",
+        f"  model         {built.description}",
+        f"  optimizer     {config.optimizer}, lr {config.learning_rate:g}, {config.schedule} schedule, "
+        f"{config.warmup_steps} warmup steps" + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),
+        f"  schedule      {config.epochs} epoch(s) x {steps_per_epoch} steps",
+    ]
+    if info.name == "parameter_server":
+        from tfdist.training.ps_loop import variable_bytes_by_ps_task
+
+        lines.append("  ps variables  " + ", ".join(
+            f"{task}: {size / 2**20:.2f} MiB"
+            for task, size in variable_bytes_by_ps_task(built.model).items()))
+    if config.config_file:
+        lines.append(f"  config        {config.config_file}")
+    return "\n".join(lines)
+
+
+def _final_block(history, data, speed):
+    """Model metrics (first epoch -> last, beside chance), then the speed figures."""
+    from tfdist.callbacks import format_summary
+    from tfdist.callbacks.progress import model_metrics
+
+    lines = ["Results (first epoch -> last):"]
+    for name, values in model_metrics(history.history).items():
+        if not values:
+            continue
+        chance = data.chance.get(name.removeprefix("val_"))
+        first = f"{values[0]:.4f} -> " if len(values) > 1 else ""
+        suffix = f"  (chance: {chance:.4f})" if chance is not None else ""
+        lines.append(f"  {name:<16} {first}{values[-1]:.4f}{suffix}")
+    lines.append(format_summary(speed))
+    return "\n".join(lines)
+
+
+def _outputs_block(model_dir, backup_dir, profile_steps):
+    """Where the run's outputs went, and how to look at them: only what is there.
+
+    Returns:
+        (text, missing): the block, and the announced outputs not found.
+    """
+    tensorboard = os.path.join(model_dir, "tensorboard")
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    announced = [
+        ("config.yaml", os.path.isfile(os.path.join(model_dir, "config.yaml")),
+         "  config.yaml        the configuration of the run that wrote the newest backup "
+         "(every run's: runs/)"),
+        ("training_log.csv", os.path.isfile(os.path.join(model_dir, "training_log.csv")),
+         "  training_log.csv   one row per epoch"),
+        ("tensorboard/", os.path.isdir(tensorboard),
+         f"  tensorboard/       tensorboard --logdir {tensorboard}"
+         + (f" (profile of steps {profile_steps}: Profile tab)" if profile_steps else "")),
+        ("checkpoints/", os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)),
+         "  checkpoints/       weights at each epoch end"),
+    ]
+    if backup_dir:
+        backup = _newest_backup(backup_dir)
+        announced.append(("a backup", backup is not None,
+                          f"  backups            {backup_dir} (rerun the same command to resume "
+                          f"from {_backup_name(backup) if backup else 'it'})"))
+    lines = [f"Outputs in {model_dir}:"] + [line for _, there, line in announced if there]
+    return "\n".join(lines), [name for name, there, _ in announced if not there]
