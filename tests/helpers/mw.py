@@ -1,0 +1,45 @@
+"""Run a command as N localhost workers through tfdist's launcher, for tests.
+
+Every multi-worker test goes through here so that each uses fresh processes
+(a TF gRPC server cannot be stopped inside a process), has a hard deadline,
+and sees every exit code.
+"""
+
+import os
+import subprocess
+import sys
+
+from helpers.paths import REPO_ROOT  # noqa: E402,F401
+
+
+def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None,
+           ps=0, grace_period=2):
+    """Runs `python -m tfdist.launch --workers N -- <args>` and returns the
+    `subprocess.CompletedProcess` (text, stdout and stderr merged into stdout).
+
+    `args` is the worker command *without* the interpreter when it starts with
+    a `.py` path or `-m`: the current interpreter is prepended. The launcher is
+    given `timeout` as its job deadline, and the test kills it 30 s later at
+    the latest, so a hung job fails the test instead of hanging it.
+    """
+    command = [sys.executable, "-m", "tfdist.launch", "--workers", str(workers),
+               "--timeout", str(timeout), "--startup-timeout", str(startup_timeout),
+               # TF workers ignore SIGTERM; a short grace period stops a failed job sooner.
+               "--grace-period", str(grace_period)]
+    if devices_per_worker is not None:
+        command += ["--devices-per-worker", str(devices_per_worker)]
+    if ps:
+        command += ["--ps", str(ps)]  # a chief, `workers` workers and `ps` ps tasks
+    worker = list(args)
+    if worker and (worker[0] == "-m" or worker[0].endswith(".py")):
+        worker = [sys.executable] + worker
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env.pop("TF_CONFIG", None)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [REPO_ROOT, full_env.get("PYTHONPATH", "")] if p)
+    full_env.update(env or {})
+    for name in [name for name, value in full_env.items() if value is None]:
+        del full_env[name]  # env={"NAME": None} unsets NAME
+    return subprocess.run(command + ["--"] + worker, cwd=REPO_ROOT, env=full_env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout + 30)

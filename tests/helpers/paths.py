@@ -1,0 +1,10 @@
+"""Where the repository, the tests and the worker scripts are.
+
+    from helpers.paths import REPO_ROOT, WORKERS_DIR
+"""
+
+import os
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+WORKERS_DIR = os.path.join(TESTS_DIR, "helpers", "workers")

@@ -1,0 +1,26 @@
+"""Runs a recipe as a user would: `python -m tfdist.recipes.NAME ...` in a fresh process."""
+
+import os
+import re
+import subprocess
+import sys
+
+from helpers.paths import REPO_ROOT  # noqa: E402,F401
+
+
+def run_recipe(name, args, timeout=300, env=None):
+    """Returns the CompletedProcess (stdout and stderr merged) of a recipe run."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    full_env.pop("TF_CONFIG", None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", f"tfdist.recipes.{name}", *args], cwd=REPO_ROOT,
+                          env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+
+
+def final_metric(output, name):
+    """The `first -> last` pair a recipe's final block prints for `name`."""
+    match = re.search(rf"^\s*(?:\[worker 0\] )?\s*{re.escape(name)}\s+([0-9.]+) -> ([0-9.]+)",
+                      output, re.MULTILINE)
+    assert match, f"no final {name!r} line in the output:\n{output[-3000:]}"
+    return float(match.group(1)), float(match.group(2))

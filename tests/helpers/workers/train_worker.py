@@ -1,0 +1,136 @@
+"""One worker of a multi-worker training test (run under tfdist.launch).
+
+Creates a `MultiWorkerMirroredStrategy` from TF_CONFIG, signals readiness, runs
+the requested phases with `tfdist.training.Trainer` and writes what it saw to
+`<out>/rank<R>_<phase>.npz` / `.json` for the test to compare:
+
+* `sgd`: SGD, sample-weighted `"mean_with_sample_weight"` loss, binding
+  global-norm clipping, short last batch; final weights and losses.
+* `xla`: the same with `jit_compile=True`.
+* `callbacks`: fit with validation data and standard Keras callbacks
+  (per-rank paths; tfdist makes them write on the chief only), then evaluate
+  and predict.
+
+Usage: python tests/helpers/workers/train_worker.py --out DIR [--phases sgd,xla,callbacks]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import train_common as common  # noqa: E402
+from tfdist.training import Trainer  # noqa: E402
+
+GLOBAL_BATCH = 16
+EPOCHS = 2
+
+
+def rank():
+    if "TFDIST_RANK" in os.environ:
+        return int(os.environ["TFDIST_RANK"])
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
+def sgd_trainer(strategy, jit_compile):
+    model = common.dense_model(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.2)
+    loss = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+    return model, Trainer(model, optimizer, loss, strategy=strategy, jit_compile=jit_compile,
+                          clip_norm=0.3)
+
+
+def phase_sgd(strategy, out, jit_compile=False, name="sgd"):
+    data = common.dataset(common.regression_arrays(weighted=True), GLOBAL_BATCH)
+    model, trainer = sgd_trainer(strategy, jit_compile)
+    history = trainer.fit(data, epochs=EPOCHS, verbose=0)
+    np.savez(os.path.join(out, f"rank{rank()}_{name}.npz"), *common.weights_of(model))
+    with open(os.path.join(out, f"rank{rank()}_{name}.json"), "w") as f:
+        json.dump(history.history, f)
+
+
+class BatchRecorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.train_batches, self.test_batches, self.epochs = [], [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.train_batches.append(batch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.test_batches.append(batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append({"epoch": epoch, "has_model": self.model is not None, **logs})
+
+
+def phase_callbacks(strategy, out):
+    r = rank()
+    rank_dir = os.path.join(out, f"rank{r}")
+    os.makedirs(rank_dir, exist_ok=True)
+    train = common.dataset(common.regression_arrays(n=64), GLOBAL_BATCH)
+    val = common.dataset(common.regression_arrays(n=35, seed=5), GLOBAL_BATCH)
+    model = common.dense_model(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    trainer = Trainer(model, optimizer, "mse", metrics=["mae"], strategy=strategy,
+                      steps_per_execution=2)
+    recorder = BatchRecorder()
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(os.path.join(rank_dir, "best.keras"),
+                                        monitor="val_loss", save_best_only=True),
+        keras.callbacks.ModelCheckpoint(os.path.join(rank_dir, "last.weights.h5"),
+                                        save_weights_only=True),
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=5),
+        keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=1, factor=0.5),
+        keras.callbacks.CSVLogger(os.path.join(rank_dir, "log.csv")),
+        keras.callbacks.TerminateOnNaN(),
+        recorder,
+    ]
+    if importlib.util.find_spec("tensorboard") is not None:  # not a TF 2.21 dependency
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(rank_dir, "tb")))
+    history = trainer.fit(train, epochs=3, validation_data=val, callbacks=callbacks, verbose=1)
+    evaluation = trainer.evaluate(val, return_dict=True, verbose=0)
+    predictions = trainer.predict(common.dataset(common.regression_arrays(n=35, seed=5)[0],
+                                                 GLOBAL_BATCH), verbose=0)
+    np.save(os.path.join(out, f"rank{r}_predictions.npy"), predictions)
+    np.savez(os.path.join(out, f"rank{r}_callbacks_weights.npz"), *common.weights_of(model))
+    with open(os.path.join(out, f"rank{r}_callbacks.json"), "w") as f:
+        json.dump({"history": history.history, "evaluate": evaluation,
+                   "train_batches": recorder.train_batches,
+                   "test_batches": recorder.test_batches, "epochs": recorder.epochs}, f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--phases", default="sgd,xla,callbacks")
+    args = parser.parse_args()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    ready = os.environ.get("TFDIST_READY_FILE")
+    if ready:
+        open(ready, "a").close()
+    phases = args.phases.split(",")
+    allowed = {"sgd", "xla", "callbacks"}
+    if not set(phases) <= allowed:
+        parser.error(f"--phases must be from {sorted(allowed)}, got {phases}")
+    if "sgd" in phases:
+        phase_sgd(strategy, args.out)
+    if "xla" in phases:
+        phase_sgd(strategy, args.out, jit_compile=True, name="xla")
+    if "callbacks" in phases:
+        phase_callbacks(strategy, args.out)
+    print(f"worker {rank()} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
