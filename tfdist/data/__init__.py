@@ -18,38 +18,69 @@ see `tfdist.data.images`) yield `(image, label)`: `[H, W, C]` images in the
 Keras policy's compute dtype and int32 labels in `[0, source.num_classes)`.
 """
 
-from tfdist.data.corruption import (CorruptDataError, SkippedRecords, check_tfrecord_tails,
-                                     explain_data_loss, find_corrupt_tfrecords, find_cut_tfrecords,
-                                     read_tfrecords)
-from tfdist.data.embedded import TASKS, Chance, EmbeddedTaskSource
-from tfdist.data.source_factory import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES, dataset_scheme,
-                                  make_source, make_validation_source, skip_corrupt_option)
-from tfdist.data.files import NoExamplesError, check_holds_examples, expand_files
-from tfdist.data.images import (ImageFolderSource, ImageNetTFRecordSource, ImageSource,
-                                ShapesSource, TFDSImageSource, write_image_tfrecords)
-from tfdist.data.input_pipeline import (DatasetFn, count_examples, describe_epoch_passes,
-                                  distribute_dataset, make_dataset_fn, per_replica_batch_size)
-from tfdist.data.sharding import FILE, RECORD, ShardPlan, plan_sharding
-from tfdist.data.source import ArraySource, SequenceSource, Source
-from tfdist.data.text import TextSource
-from tfdist.data.tfds_common import DatasetNotPreparedError, prepared_builder
-from tfdist.data.tfds_source import TFDSSource
-from tfdist.data.tfrecord import TFRecordSource, write_text_tfrecords, write_token_tfrecords
-from tfdist.data.tokens import (BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, SEP_ID, ByteVocabulary,
-                                language_model_pair, pack_windows, pad_or_truncate)
 
-__all__ = [
-    "ArraySource", "BOS_ID", "ByteVocabulary", "Chance", "CorruptDataError", "DatasetFn",
-    "DatasetNotPreparedError", "SkippedRecords", "TFRECORD_SCHEMES", "explain_data_loss",
-    "find_corrupt_tfrecords", "read_tfrecords", "skip_corrupt_option",
-    "NoExamplesError", "check_holds_examples", "count_examples", "describe_epoch_passes", "check_tfrecord_tails", "find_cut_tfrecords",
-    "EOS_ID", "EmbeddedTaskSource", "FILE", "IMAGE_SCHEMES", "ImageFolderSource",
-    "ImageNetTFRecordSource", "ImageSource", "NUM_RESERVED", "PAD_ID", "RECORD", "SCHEMES",
-    "ShapesSource", "TFDSImageSource",
-    "SEP_ID", "SequenceSource", "ShardPlan", "Source", "TASKS", "TFDSSource", "TFRecordSource",
-    "TextSource", "dataset_scheme", "distribute_dataset", "expand_files", "language_model_pair",
-    "make_dataset_fn", "make_source", "make_validation_source", "pack_windows", "pad_or_truncate",
-    "per_replica_batch_size", "plan_sharding", "prepared_builder", "write_image_tfrecords",
-    "write_text_tfrecords",
-    "write_token_tfrecords",
-]
+from tfdist.runtime.lazy_exports import lazy_exports
+
+# Names load on first use, so `import tfdist.data.specs` (the TensorFlow-free
+# scheme names the recipes check before TensorFlow starts) stays light.
+_EXPORTS = {
+    "ArraySource": "tfdist.data.source",
+    "BOS_ID": "tfdist.data.tokens",
+    "ByteVocabulary": "tfdist.data.tokens",
+    "Chance": "tfdist.data.embedded",
+    "CorruptDataError": "tfdist.data.corruption",
+    "DatasetFn": "tfdist.data.input_pipeline",
+    "DatasetNotPreparedError": "tfdist.data.tfds_common",
+    "EOS_ID": "tfdist.data.tokens",
+    "EmbeddedTaskSource": "tfdist.data.embedded",
+    "FILE": "tfdist.data.sharding",
+    "IMAGE_SCHEMES": "tfdist.data.source_factory",
+    "ImageFolderSource": "tfdist.data.images",
+    "ImageNetTFRecordSource": "tfdist.data.images",
+    "ImageSource": "tfdist.data.images",
+    "NUM_RESERVED": "tfdist.data.tokens",
+    "NoExamplesError": "tfdist.data.files",
+    "PAD_ID": "tfdist.data.tokens",
+    "RECORD": "tfdist.data.sharding",
+    "SCHEMES": "tfdist.data.source_factory",
+    "SEP_ID": "tfdist.data.tokens",
+    "SequenceSource": "tfdist.data.source",
+    "ShapesSource": "tfdist.data.images",
+    "ShardPlan": "tfdist.data.sharding",
+    "SkippedRecords": "tfdist.data.corruption",
+    "Source": "tfdist.data.source",
+    "TASKS": "tfdist.data.embedded",
+    "TFDSImageSource": "tfdist.data.images",
+    "TFDSSource": "tfdist.data.tfds_source",
+    "TFRECORD_SCHEMES": "tfdist.data.source_factory",
+    "TFRecordSource": "tfdist.data.tfrecord",
+    "TextSource": "tfdist.data.text",
+    "check_holds_examples": "tfdist.data.files",
+    "check_tfrecord_tails": "tfdist.data.corruption",
+    "count_examples": "tfdist.data.input_pipeline",
+    "dataset_scheme": "tfdist.data.source_factory",
+    "describe_epoch_passes": "tfdist.data.input_pipeline",
+    "distribute_dataset": "tfdist.data.input_pipeline",
+    "expand_files": "tfdist.data.files",
+    "explain_data_loss": "tfdist.data.corruption",
+    "find_corrupt_tfrecords": "tfdist.data.corruption",
+    "find_cut_tfrecords": "tfdist.data.corruption",
+    "language_model_pair": "tfdist.data.tokens",
+    "make_dataset_fn": "tfdist.data.input_pipeline",
+    "make_source": "tfdist.data.source_factory",
+    "make_validation_source": "tfdist.data.source_factory",
+    "pack_windows": "tfdist.data.tokens",
+    "pad_or_truncate": "tfdist.data.tokens",
+    "per_replica_batch_size": "tfdist.data.input_pipeline",
+    "plan_sharding": "tfdist.data.sharding",
+    "prepared_builder": "tfdist.data.tfds_common",
+    "read_tfrecords": "tfdist.data.corruption",
+    "skip_corrupt_option": "tfdist.data.source_factory",
+    "write_image_tfrecords": "tfdist.data.images",
+    "write_text_tfrecords": "tfdist.data.tfrecord",
+    "write_token_tfrecords": "tfdist.data.tfrecord",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = sorted(_EXPORTS)
