@@ -53,6 +53,7 @@ from tfdist.training.callback_list import make_callback_list
 from tfdist.training.inputs import unpack
 from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.optimizer import gradients_already_summed, optimizer_chain
+from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
 
 logger = logging.getLogger("tfdist")
@@ -330,7 +331,6 @@ class ParameterServerFit:
                                            epochs=epochs, steps=steps_per_epoch,
                                            add_history=True)
         model.stop_training = False
-        from tfdist.training.trainer import FIT_POSITION_ATTRIBUTE, FitPosition
         position = FitPosition(steps_per_epoch)
         setattr(model, FIT_POSITION_ATTRIBUTE, position)
         try:
