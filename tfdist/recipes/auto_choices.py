@@ -22,7 +22,9 @@ Example:
 from tfdist.autotune import DecisionCache, candidate_grid, candidate_precisions
 from tfdist.autotune.cache import RUN_ONLY_OPTIONS
 from tfdist.precision import PrecisionChoice
+from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
 from tfdist.recipes.record import config_values
+from tfdist.xla import resolve_xla
 
 
 def skip_reason(config, info):
@@ -154,3 +156,44 @@ def settle_auto_choices(recipe, config, info, data, *, on_gpu, rules, total_step
     return precision, jit_compile, xla_reason, (
         f"{chosen.label}, {source} (--autotune off: the rules; refresh: measure again)"
         + (f"; {precision_note}" if precision_note else ""))
+
+
+def _auto_choices(recipe, config, on_gpu):
+    """The precision and XLA settings this config resolves to on this machine."""
+    from tfdist.precision import resolve_precision
+
+    precision = resolve_precision(config.precision)
+    jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
+    blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
+        model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
+    jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
+    return precision, jit_compile, xla_reason
+
+
+def _respect_xla_blocker(mode, jit_compile, reason, blocker):
+    """Turns `auto` XLA off, with the reason, for a model that cannot be
+    compiled; `--xla on` for such a model is an error, never a silent change."""
+    if blocker is None or not jit_compile:
+        return jit_compile, reason
+    if mode == "on":
+        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
+    return False, f"auto: {blocker}"
+
+
+def parameter_server_xla_blocker(config):
+    """Why XLA is off under `--strategy parameter_server` (for `--xla auto`), or None.
+
+    The variables live on the ps tasks and a worker's step reads them over the
+    network; XLA cannot compile a step that reads a variable placed on another
+    task (TensorFlow 2.21: "Trying to access resource ... located in device
+    /job:ps/... from device /job:worker/...").
+
+    Example:
+
+    >>> parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))[:31]
+    'the variables live on ps tasks,'
+    """
+    if config.strategy != "parameter_server":
+        return None
+    return ("the variables live on ps tasks, and XLA cannot compile a step that reads a "
+            "variable placed on another task")

@@ -15,32 +15,35 @@ Example:
 """
 
 import dataclasses
-import errno
 import logging
-import math
 import os
 import shlex
 import socket
 import sys
-import tempfile
 import time
 from typing import Callable
 
 from tfdist.runtime import exit_codes
-from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme
-from tfdist.runtime.gpu_memory import (check_allow_growth_env, describe_gpu_memory, gpu_memory_notice,
-                               parse_gpu_memory)
-from tfdist.recipes.auto_choices import settle_auto_choices
+from tfdist.runtime.gpu_memory import gpu_memory_notice, parse_gpu_memory
+from tfdist.recipes.auto_choices import (_auto_choices, _respect_xla_blocker,
+                                         parameter_server_xla_blocker, settle_auto_choices)
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
-from tfdist.recipes.model_parallel_flags import (check_model_parallel_flags,
-                                           prepare_model_parallel_devices, stage_plan_block)
+from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
-from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
+from tfdist.recipes.preflight import (check_before_tensorflow, check_cluster_resolver,
+                                      check_output_folders, check_skip_corrupt_records,
+                                      check_warmup)
+from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_steps
+from tfdist.recipes.recipe_types import RecipeData, RecipeModel
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
                                    read_record, render_record, settle_record, write_record,
                                    writer_of_backup)
+from tfdist.recipes.report import (SUMMARY_LENGTH, _backup_name, _environment_errno,
+                                   _environment_line, _final_block, _finished_anyway_line,
+                                   _gpu_memory_line, _interrupted_line, _missing_outputs_line,
+                                   _newest_backup, _outputs_block, _preempted_line,
+                                   _save_full_error, _skipped_line, _start_block, _summary)
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, Preempted
-from tfdist.xla import resolve_xla
 
 # Kept as names for callers; the table with every code and its meaning is tfdist.runtime.exit_codes.
 INTERRUPTED_EXIT_CODE = exit_codes.INTERRUPTED
@@ -55,69 +58,11 @@ _CLUSTER_ERRORS = ("UnavailableError", "DeadlineExceededError", "AbortedError",
                    "CancelledError")
 # Strategies that train on this machine alone: a TF_CONFIG does not make them a cluster.
 _SINGLE_MACHINE = ("one_device", "mirrored", "default")
-# What TensorFlow's file errors say when the environment, not the input, is at fault.
-_ENVIRONMENT_FAULTS = {
-    "No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
-    "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES,
-}
-SUMMARY_LENGTH = 200
-"""Characters of a TensorFlow error quoted in a one-line stop message (cut at a word)."""
-
 logger = logging.getLogger("tfdist")
 
 PEER_EXIT_WAIT = 20.0
 """Seconds a multi-worker run waits at exit for the other workers (below the
 30 s a cluster manager or the launcher gives between SIGTERM and SIGKILL)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RecipeData:
-    """What a recipe's data builder returns.
-
-    Attributes:
-        train: the training `Source` (see `tfdist.data`).
-        validation: the validation `Source`, or None.
-        description: one line for the start-up block.
-        tokens_per_example: tokens in one example, for tokens/s (None for
-            data without a token axis).
-        chance: a dict of metric name to its chance-level value, printed
-            beside the final figures so a reader sees what was learned.
-        info: anything the model builder needs (vocabulary size, classes...).
-    """
-
-    train: object
-    validation: object
-    description: str
-    tokens_per_example: int = None
-    chance: dict = dataclasses.field(default_factory=dict)
-    info: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class RecipeModel:
-    """What a recipe's model builder returns (called inside the strategy scope).
-
-    Attributes:
-        model: a `keras.Model`.
-        loss: a Keras loss.
-        metrics: a list of Keras metrics.
-        description: one line for the start-up block.
-        flops_per_example: model training FLOPs per example, for MFU.
-        prepare_optimizer: called with the optimizer once it is built (still
-            in the strategy scope), e.g. to exclude variables from weight
-            decay; None for nothing.
-        xla_blocker: why the replica step of this model cannot be compiled
-            with XLA (e.g. a cross-replica collective inside the model), or
-            None when it can.
-    """
-
-    model: object
-    loss: object
-    metrics: list
-    description: str
-    flops_per_example: float = None
-    prepare_optimizer: Callable = None
-    xla_blocker: str = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,16 +123,6 @@ def _configure_logging(verbose):
     logging.getLogger("tfdist.data").setLevel(logging.INFO if verbose >= 3 else logging.WARNING)
     # Said in the outputs block at the end instead of in the middle of the bar.
     logging.getLogger("tfdist.callbacks.profiler").setLevel(logging.WARNING)
-
-
-def _respect_xla_blocker(mode, jit_compile, reason, blocker):
-    """Turns `auto` XLA off, with the reason, for a model that cannot be
-    compiled; `--xla on` for such a model is an error, never a silent change."""
-    if blocker is None or not jit_compile:
-        return jit_compile, reason
-    if mode == "on":
-        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
-    return False, f"auto: {blocker}"
 
 
 def _exit_error(prefix, error):
@@ -293,37 +228,6 @@ def _known_fault(prog, error, where):
     raise error
 
 
-def _environment_errno(error):
-    """The errno a TensorFlow file error stands for (disk full, read-only...), or None."""
-    text = str(getattr(error, "message", error))
-    return next((number for phrase, number in _ENVIRONMENT_FAULTS.items() if phrase in text),
-                None)
-
-
-def _environment_line(prog, error, where, number=None):
-    """One line for a fault of the machine (disk, permissions), naming the file and the way out."""
-    backup = _resume_target(where)
-    resume = f" A rerun then resumes from {backup}." if backup else ""
-    if type(error).__module__.startswith("tfdist"):  # tfdist's own errors (BackupWriteError) say it all
-        return f"{prog}: error: {type(error).__name__}: {error}{resume}"
-    number = number if number is not None else (getattr(error, "errno", None)
-                                                 or _environment_errno(error))
-    path = getattr(error, "filename", None)
-    text = (error.strerror if getattr(error, "strerror", None)
-            else _summary(str(getattr(error, "message", error))))
-    if number in (errno.ENOSPC, errno.EDQUOT):
-        advice = ("The disk is full: free space there (a backup needs about the size of the "
-                  "last one), or use a --model-dir on a larger disk, and rerun." + resume)
-    elif number in (errno.EROFS, errno.EACCES, errno.EPERM):
-        advice = ("The folder is read-only or not writable by this user: use a writable "
-                  "--model-dir (and --backup-dir).")
-    elif number in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-        advice = "A file is in the way where a folder is needed: --model-dir must name a folder."
-    else:
-        advice = "Fix the file system problem and rerun." + resume
-    return f"{prog}: error: cannot write{f' {path}' if path else ''}: {text}. {advice}"
-
-
 def _end_run(where, code, outcome):
     """Closes the run's history entry and settles config.yaml (the record of the
     run that wrote the newest backup)."""
@@ -337,69 +241,6 @@ def _end_run(where, code, outcome):
             settle_record(where["model_dir"], newest.path)
     except OSError as error:  # the fault being reported may be this very disk
         logger.warning("Could not complete the run record in %s: %s", where["model_dir"], error)
-
-
-def _newest_backup(backup_dir):
-    """The newest readable backup in `backup_dir` (None without TensorFlow or backups)."""
-    if not backup_dir or "tensorflow" not in sys.modules:
-        return None
-    from tfdist.callbacks import latest_backup
-
-    try:
-        return latest_backup(backup_dir)
-    except (OSError, ValueError):
-        return None
-
-
-def _describe_backup(info):
-    """`ckpt-N (global step S) in DIR` for a BackupInfo (the backup package's wording)."""
-    from tfdist.callbacks import describe_backup
-
-    return describe_backup(info)
-
-
-def _backup_name(info):
-    """`ckpt-N, global step S` for a BackupInfo, for lines that name its folder already."""
-    return f"{os.path.basename(info.path)}, global step {info.global_step}"
-
-
-def _resume_target(where):
-    """The backup a rerun resumes from, described, or None."""
-    info = _newest_backup(where.get("backup_dir"))
-    return _describe_backup(info) if info is not None else None
-
-
-def _summary(text, limit=SUMMARY_LENGTH):
-    """The first meaningful line of an error, cut at a word boundary with "…".
-
-    Example:
-
-    >>> _summary("Graph execution error:\n\n" + "Connection reset by peer " * 3, 30)
-    'Connection reset by peer…'
-    """
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and "Graph execution error" not in line]
-    first = lines[0] if lines else ""
-    if len(first) <= limit:
-        return first
-    cut = first[:limit].rsplit(" ", 1)[0].rstrip(" ,;:")
-    return (cut or first[:limit]) + "…"
-
-
-def _save_full_error(error, where):
-    """Writes the full text of `error` to a file and returns its path (None if it cannot)."""
-    folder = (os.path.join(where["model_dir"], "errors") if where.get("model_dir")
-              else tempfile.gettempdir())
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}.txt"
-    path = os.path.join(folder, name if where.get("model_dir") else f"tfdist-error-{name}")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(path, "w") as stream:
-            stream.write(f"{type(error).__module__}.{type(error).__name__}: "
-                         f"{getattr(error, 'message', error)}\n")
-    except OSError:
-        return None
-    return path
 
 
 def _cluster_lost(prog, error, where, what):
@@ -425,204 +266,6 @@ def _cluster_lost(prog, error, where, what):
     return CLUSTER_LOST_EXIT_CODE, line
 
 
-def check_before_tensorflow(recipe, config):
-    """Checks what can be checked from the flags alone, before TensorFlow starts.
-
-    The strategy, precision and `--gpu-memory` values are checked while
-    parsing; here: the all-reduce name for the strategy, `--cluster-resolver`
-    against the strategy, `--gpu-memory` against
-    `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
-    (when the run's length is known without reading data), and the flags
-    that need `--model-dir`.
-
-    Raises:
-        ConfigError: naming the flag and the way out.
-
-    Example:
-
-    >>> check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
-    """
-    from tfdist.distribute.names import check_all_reduce_name
-
-    try:
-        check_all_reduce_name(config.strategy, config.all_reduce)
-    except ValueError as error:
-        raise ConfigError(f"--all-reduce: {error}") from None
-    check_cluster_resolver(config)
-    check_model_parallel_flags(config)
-    try:
-        check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
-    except ValueError as error:
-        raise ConfigError(f"--gpu-memory: {error}") from None
-    check_skip_corrupt_records(config)
-    check_output_folders(config)
-    for flag, value in (("--profile-steps", config.profile_steps),):
-        if value is not None and not config.model_dir:
-            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
-    steps_per_epoch = config.steps_per_epoch
-    if steps_per_epoch is None and recipe.train_examples is not None:
-        examples = recipe.train_examples(config)
-        if examples is not None:
-            steps_per_epoch = max(examples // config.global_batch_size, 1)
-    if steps_per_epoch is not None:
-        check_warmup(config, steps_per_epoch)
-
-
-def check_cluster_resolver(config):
-    """Refuses `--cluster-resolver slurm` with a strategy that never reads a cluster.
-
-    Only `auto` and `multi_worker_mirrored` find their cluster through the
-    resolver; one_device, mirrored and default train on this machine alone.
-
-    Raises:
-        ConfigError: naming the strategy and the way out.
-
-    Example:
-
-    >>> check_cluster_resolver(argparse.Namespace(cluster_resolver="slurm", strategy="mirrored"))
-    Traceback (most recent call last):
-    ConfigError: --cluster-resolver slurm finds the workers of a multi-worker run ...
-    """
-    if config.cluster_resolver == "tf_config" or config.strategy in ("auto", "multi_worker_mirrored"):
-        return
-    if config.strategy == "parameter_server":
-        raise ConfigError(
-            f"--cluster-resolver {config.cluster_resolver}: --strategy parameter_server reads "
-            "its chief, worker and ps tasks from TF_CONFIG only. Set TF_CONFIG on every task "
-            "(Kubeflow's TFJob does; `python -m tfdist.launch --workers N --ps M` on one machine).")
-    raise ConfigError(
-        f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
-        f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
-        "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
-
-
-def check_output_folders(config):
-    """Refuses a --model-dir or --backup-dir that names something other than a folder.
-
-    Raises:
-        ConfigError: naming the flag, the path and the way out.
-
-    Example:
-
-    >>> check_output_folders(argparse.Namespace(model_dir="notes.txt", backup_dir=None))
-    Traceback (most recent call last):
-    ConfigError: --model-dir notes.txt is a file, not a folder ...
-    """
-    for flag, path in (("--model-dir", config.model_dir),
-                       ("--backup-dir", getattr(config, "backup_dir", None))):
-        if path and os.path.lexists(path) and not os.path.isdir(path):
-            raise ConfigError(f"{flag} {path} is a file, not a folder: name a folder (it is "
-                              "created if missing), e.g. the file's name without its extension.")
-        parent = os.path.dirname(os.path.abspath(path)) if path else None
-        while parent and not os.path.lexists(parent):
-            parent = os.path.dirname(parent)
-        if parent and not os.path.isdir(parent):
-            raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
-                              "whose parents are folders.")
-
-
-def check_skip_corrupt_records(config):
-    """Refuses --skip-corrupt-records when no dataset of the run is read from TFRecords.
-
-    Raises:
-        ConfigError: naming the datasets and the schemes the flag applies to.
-
-    Example:
-
-    >>> check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=True,
-    ...                                               dataset="embedded"))
-    Traceback (most recent call last):
-    ConfigError: --skip-corrupt-records applies to TFRecord data ...
-    """
-    if not getattr(config, "skip_corrupt_records", False):
-        return
-    specs = [spec for spec in (config.dataset, getattr(config, "validation_dataset", None)) if spec]
-    if any(dataset_scheme(spec) in TFRECORD_SCHEMES for spec in specs):
-        return
-    raise ConfigError(
-        f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
-        f" but this run reads only {' and '.join(map(repr, specs)) or 'no dataset'}: there are no "
-        "records to skip. Drop the flag.")
-
-
-def check_warmup(config, steps_per_epoch):
-    """Refuses a warmup that does not end before the last optimizer step.
-
-    Raises:
-        ConfigError: naming the warmup, the run's optimizer steps and the way out.
-
-    Example:
-
-    >>> check_warmup(argparse.Namespace(warmup_steps=30, epochs=1, grad_accum_steps=1), 10)
-    Traceback (most recent call last):
-    ConfigError: --warmup-steps 30 is not shorter than the run ...
-    """
-    total = optimizer_steps(config, steps_per_epoch)
-    if config.warmup_steps and config.warmup_steps >= total:
-        raise ConfigError(
-            f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
-            f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
-            + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
-            + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
-            "or a longer run (--epochs, --steps-per-epoch).")
-
-
-def build_recipe_optimizer(config, total_steps, built):
-    """The run's optimizer and learning-rate schedule from the recipe flags, prepared
-    for the model `built` (e.g. weight decay exclusions); call in the strategy scope.
-
-    Example:
-
-    >>> with strategy.scope():
-    ...     optimizer = build_recipe_optimizer(config, 1000, built)
-    """
-    from tfdist.schedules.optimizers import build_optimizer
-
-    optimizer = build_optimizer(
-        config.optimizer, config.learning_rate, schedule=config.schedule,
-        warmup_steps=config.warmup_steps, total_steps=total_steps,
-        weight_decay=config.weight_decay)
-    if built.prepare_optimizer is not None:
-        built.prepare_optimizer(optimizer)
-    return optimizer
-
-
-def optimizer_steps(config, steps_per_epoch):
-    """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps)."""
-    return math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)
-
-
-def _auto_choices(recipe, config, on_gpu):
-    """The precision and XLA settings this config resolves to on this machine."""
-    from tfdist.precision import resolve_precision
-
-    precision = resolve_precision(config.precision)
-    jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
-    blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
-        model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
-    jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
-    return precision, jit_compile, xla_reason
-
-
-def parameter_server_xla_blocker(config):
-    """Why XLA is off under `--strategy parameter_server` (for `--xla auto`), or None.
-
-    The variables live on the ps tasks and a worker's step reads them over the
-    network; XLA cannot compile a step that reads a variable placed on another
-    task (TensorFlow 2.21: "Trying to access resource ... located in device
-    /job:ps/... from device /job:worker/...").
-
-    Example:
-
-    >>> parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))[:31]
-    'the variables live on ps tasks,'
-    """
-    if config.strategy != "parameter_server":
-        return None
-    return ("the variables live on ps tasks, and XLA cannot compile a step that reads a "
-            "variable placed on another task")
-
-
 def _print_config(recipe, config):
     """`--print-config`: the options and what `auto` resolves to here, as YAML."""
     from tfdist.runtime.tf_logging import import_tensorflow
@@ -643,37 +286,6 @@ def _print_config(recipe, config):
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
     return exit_codes.FINISHED
-
-
-def _gpu_memory_line(config, gpus):
-    """What `--gpu-memory` does with `gpus` GPUs, for the record and the start block."""
-    note = check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
-    return describe_gpu_memory(config.gpu_memory, gpus, note)
-
-
-def _preempted_line(stop, where):
-    """The one line a SIGTERM/SIGINT stop prints: where, the backup written (its
-    name and global step) and how to resume from it."""
-    stopped = f"Stopped by {stop}"
-    if stop.backup is not None:
-        name = os.path.basename(stop.backup.path)
-        # Only the chief's backup has a path; the other workers took part in writing it.
-        written = f"({name})" if name else "(written by the chief)"
-        return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
-                f"{where.get('backup_dir')} {written}. Rerun the same command to resume from it.")
-    if where.get("backup_dir"):
-        backup = _resume_target(where)
-        return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
-                + (f"resumes from the last backup, {backup}." if backup
-                   else f"starts over: there is no backup in {where['backup_dir']}."))
-    return (f"{stopped}: nothing was saved (add --model-dir DIR or --backup-dir to make runs "
-            "resumable); rerunning starts over.")
-
-
-def _interrupted_line():
-    """The one line Ctrl-C prints before training is set up (once it is, SIGINT
-    waits for a step boundary and stops like a preemption)."""
-    return "Interrupted before training started: nothing was trained or saved."
 
 
 def _serving_task(config):
@@ -868,17 +480,6 @@ def _train(recipe, config, where):
     return exit_codes.FINISHED
 
 
-def _skipped_line(sources, num_workers):
-    """What --skip-corrupt-records skipped in the files this process read."""
-    logs = [source.skipped for source in sources if getattr(source, "skipped", None) is not None]
-    damaged = {damage.path: damage for log in logs for damage in log.files}
-    summary = "; ".join(log.summary() for log in logs if log.files) if damaged else "none"
-    if num_workers > 1:
-        return (f"Corrupt TFRecord data skipped (--skip-corrupt-records) in the files the chief "
-                f"read: {summary}; other workers warn as they skip")
-    return f"Corrupt TFRecord data skipped (--skip-corrupt-records): {summary}"
-
-
 def divergence_guard(config, backup_dir):
     """The `DivergenceGuard` for `--divergence-factor`: judged after max(20
     steps, the learning-rate warmup in batches), with advice naming the flags.
@@ -993,20 +594,6 @@ def _ignore_stray_tf_config(config):
     os.environ.pop("TF_CONFIG", None)
 
 
-def _finished_anyway_line(signal_name):
-    """The line for a stop signal that arrived after the last training step."""
-    return (f"{signal_name} arrived after the last training step: the run had finished, so "
-            "there is nothing to resume (exit 0).")
-
-
-def _missing_outputs_line(recipe, model_dir, missing):
-    """The line for outputs the run announced but did not write."""
-    return (f"python -m tfdist.recipes.{recipe.name}: error: the run finished but did not write "
-            f"{', '.join(missing)} in {model_dir}; check that the folder is writable and has "
-            f"space, and that TF_CONFIG does not make this run a non-chief worker "
-            f"(exit {exit_codes.FAILED}).")
-
-
 def _steps_in(source, global_batch_size):
     size = getattr(source, "num_examples", None)
     if not size:
@@ -1020,87 +607,3 @@ def _steps_in(source, global_batch_size):
     return steps
 
 
-def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
-                 gpu_memory=None, autotune=None):
-    per_replica = config.global_batch_size // info.num_replicas
-    placement = f"{info.num_replicas} replica(s) on {info.num_workers} worker(s)"
-    if info.name == "parameter_server":
-        placement = (f"asynchronous, {info.num_replicas} replica(s) per worker, each step "
-                     "the whole global batch")
-    lines = [
-        "tfdist run",
-        f"  strategy      {info.name}: {placement}" + (f" ({info.note})" if info.note else ""),
-        f"  devices       {', '.join(info.devices)}",
-    ]
-    if gpu_memory:
-        lines.append(f"  GPU memory    {gpu_memory}")
-    lines += [
-        f"  batch         global {config.global_batch_size}, per replica {per_replica}"
-        + (f", {config.grad_accum_steps} micro-batches per optimizer step" if config.grad_accum_steps > 1 else ""),
-        f"  precision     {precision.policy} ({precision.reason})",
-        f"  XLA           {'on' if jit_compile else 'off'} ({xla_reason})",
-    ]
-    if autotune:
-        lines.append(f"  autotune      {autotune}")
-    lines += [
-        f"  dataset       {data.description}",
-        f"  model         {built.description}",
-        f"  optimizer     {config.optimizer}, lr {config.learning_rate:g}, {config.schedule} schedule, "
-        f"{config.warmup_steps} warmup steps" + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),
-        f"  schedule      {config.epochs} epoch(s) x {steps_per_epoch} steps",
-    ]
-    if info.name == "parameter_server":
-        from tfdist.training.ps_loop import variable_bytes_by_ps_task
-
-        lines.append("  ps variables  " + ", ".join(
-            f"{task}: {size / 2**20:.2f} MiB"
-            for task, size in variable_bytes_by_ps_task(built.model).items()))
-    if config.config_file:
-        lines.append(f"  config        {config.config_file}")
-    return "\n".join(lines)
-
-
-def _final_block(history, data, speed):
-    """Model metrics (first epoch -> last, beside chance), then the speed figures."""
-    from tfdist.callbacks import format_summary
-    from tfdist.callbacks.progress import model_metrics
-
-    lines = ["Results (first epoch -> last):"]
-    for name, values in model_metrics(history.history).items():
-        if not values:
-            continue
-        chance = data.chance.get(name.removeprefix("val_"))
-        first = f"{values[0]:.4f} -> " if len(values) > 1 else ""
-        suffix = f"  (chance: {chance:.4f})" if chance is not None else ""
-        lines.append(f"  {name:<16} {first}{values[-1]:.4f}{suffix}")
-    lines.append(format_summary(speed))
-    return "\n".join(lines)
-
-
-def _outputs_block(model_dir, backup_dir, profile_steps):
-    """Where the run's outputs went, and how to look at them: only what is there.
-
-    Returns:
-        (text, missing): the block, and the announced outputs not found.
-    """
-    tensorboard = os.path.join(model_dir, "tensorboard")
-    checkpoints = os.path.join(model_dir, "checkpoints")
-    announced = [
-        ("config.yaml", os.path.isfile(os.path.join(model_dir, "config.yaml")),
-         "  config.yaml        the configuration of the run that wrote the newest backup "
-         "(every run's: runs/)"),
-        ("training_log.csv", os.path.isfile(os.path.join(model_dir, "training_log.csv")),
-         "  training_log.csv   one row per epoch"),
-        ("tensorboard/", os.path.isdir(tensorboard),
-         f"  tensorboard/       tensorboard --logdir {tensorboard}"
-         + (f" (profile of steps {profile_steps}: Profile tab)" if profile_steps else "")),
-        ("checkpoints/", os.path.isdir(checkpoints) and bool(os.listdir(checkpoints)),
-         "  checkpoints/       weights at each epoch end"),
-    ]
-    if backup_dir:
-        backup = _newest_backup(backup_dir)
-        announced.append(("a backup", backup is not None,
-                          f"  backups            {backup_dir} (rerun the same command to resume "
-                          f"from {_backup_name(backup) if backup else 'it'})"))
-    lines = [f"Outputs in {model_dir}:"] + [line for _, there, line in announced if there]
-    return "\n".join(lines), [name for name, there, _ in announced if not there]

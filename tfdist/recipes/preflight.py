@@ -1,0 +1,158 @@
+"""The checks a recipe makes from its flags alone, before TensorFlow starts.
+
+Each raises `ConfigError` naming the flag and the way out (exit 2).
+
+Example:
+
+    check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
+"""
+
+import os
+
+from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme
+from tfdist.recipes.config import ConfigError
+from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
+from tfdist.recipes.recipe_optimizer import optimizer_steps
+from tfdist.runtime.gpu_memory import check_allow_growth_env
+
+
+def check_before_tensorflow(recipe, config):
+    """Checks what can be checked from the flags alone, before TensorFlow starts.
+
+    The strategy, precision and `--gpu-memory` values are checked while
+    parsing; here: the all-reduce name for the strategy, `--cluster-resolver`
+    against the strategy, `--gpu-memory` against
+    `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
+    (when the run's length is known without reading data), and the flags
+    that need `--model-dir`.
+
+    Raises:
+        ConfigError: naming the flag and the way out.
+
+    Example:
+
+    >>> check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
+    """
+    from tfdist.distribute.names import check_all_reduce_name
+
+    try:
+        check_all_reduce_name(config.strategy, config.all_reduce)
+    except ValueError as error:
+        raise ConfigError(f"--all-reduce: {error}") from None
+    check_cluster_resolver(config)
+    check_model_parallel_flags(config)
+    try:
+        check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
+    except ValueError as error:
+        raise ConfigError(f"--gpu-memory: {error}") from None
+    check_skip_corrupt_records(config)
+    check_output_folders(config)
+    for flag, value in (("--profile-steps", config.profile_steps),):
+        if value is not None and not config.model_dir:
+            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
+    steps_per_epoch = config.steps_per_epoch
+    if steps_per_epoch is None and recipe.train_examples is not None:
+        examples = recipe.train_examples(config)
+        if examples is not None:
+            steps_per_epoch = max(examples // config.global_batch_size, 1)
+    if steps_per_epoch is not None:
+        check_warmup(config, steps_per_epoch)
+
+
+def check_cluster_resolver(config):
+    """Refuses `--cluster-resolver slurm` with a strategy that never reads a cluster.
+
+    Only `auto` and `multi_worker_mirrored` find their cluster through the
+    resolver; one_device, mirrored and default train on this machine alone.
+
+    Raises:
+        ConfigError: naming the strategy and the way out.
+
+    Example:
+
+    >>> check_cluster_resolver(argparse.Namespace(cluster_resolver="slurm", strategy="mirrored"))
+    Traceback (most recent call last):
+    ConfigError: --cluster-resolver slurm finds the workers of a multi-worker run ...
+    """
+    if config.cluster_resolver == "tf_config" or config.strategy in ("auto", "multi_worker_mirrored"):
+        return
+    if config.strategy == "parameter_server":
+        raise ConfigError(
+            f"--cluster-resolver {config.cluster_resolver}: --strategy parameter_server reads "
+            "its chief, worker and ps tasks from TF_CONFIG only. Set TF_CONFIG on every task "
+            "(Kubeflow's TFJob does; `python -m tfdist.launch --workers N --ps M` on one machine).")
+    raise ConfigError(
+        f"--cluster-resolver {config.cluster_resolver} finds the workers of a multi-worker run, "
+        f"but --strategy {config.strategy} trains on this machine alone and would ignore it. Use "
+        "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
+
+
+def check_output_folders(config):
+    """Refuses a --model-dir or --backup-dir that names something other than a folder.
+
+    Raises:
+        ConfigError: naming the flag, the path and the way out.
+
+    Example:
+
+    >>> check_output_folders(argparse.Namespace(model_dir="notes.txt", backup_dir=None))
+    Traceback (most recent call last):
+    ConfigError: --model-dir notes.txt is a file, not a folder ...
+    """
+    for flag, path in (("--model-dir", config.model_dir),
+                       ("--backup-dir", getattr(config, "backup_dir", None))):
+        if path and os.path.lexists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{flag} {path} is a file, not a folder: name a folder (it is "
+                              "created if missing), e.g. the file's name without its extension.")
+        parent = os.path.dirname(os.path.abspath(path)) if path else None
+        while parent and not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if parent and not os.path.isdir(parent):
+            raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
+                              "whose parents are folders.")
+
+
+def check_skip_corrupt_records(config):
+    """Refuses --skip-corrupt-records when no dataset of the run is read from TFRecords.
+
+    Raises:
+        ConfigError: naming the datasets and the schemes the flag applies to.
+
+    Example:
+
+    >>> check_skip_corrupt_records(argparse.Namespace(skip_corrupt_records=True,
+    ...                                               dataset="embedded"))
+    Traceback (most recent call last):
+    ConfigError: --skip-corrupt-records applies to TFRecord data ...
+    """
+    if not getattr(config, "skip_corrupt_records", False):
+        return
+    specs = [spec for spec in (config.dataset, getattr(config, "validation_dataset", None)) if spec]
+    if any(dataset_scheme(spec) in TFRECORD_SCHEMES for spec in specs):
+        return
+    raise ConfigError(
+        f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
+        f" but this run reads only {' and '.join(map(repr, specs)) or 'no dataset'}: there are no "
+        "records to skip. Drop the flag.")
+
+
+def check_warmup(config, steps_per_epoch):
+    """Refuses a warmup that does not end before the last optimizer step.
+
+    Raises:
+        ConfigError: naming the warmup, the run's optimizer steps and the way out.
+
+    Example:
+
+    >>> check_warmup(argparse.Namespace(warmup_steps=30, epochs=1, grad_accum_steps=1), 10)
+    Traceback (most recent call last):
+    ConfigError: --warmup-steps 30 is not shorter than the run ...
+    """
+    total = optimizer_steps(config, steps_per_epoch)
+    if config.warmup_steps and config.warmup_steps >= total:
+        raise ConfigError(
+            f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
+            f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
+            + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
+            + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
+            "or a longer run (--epochs, --steps-per-epoch).")
