@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import multi_device_iterator_ops
 
-import tfdist.data  # noqa: F401 - importing tfdist's input code installs the hook
+import tfdist.data.input_pipeline  # noqa: F401 - importing tfdist's input code installs the hook
 from tfdist import seam
 
 

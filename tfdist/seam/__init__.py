@@ -1,0 +1,67 @@
+"""The seam: where tfdist reaches into TensorFlow's or Keras's private parts.
+
+Everything tfdist needs from a private module or attribute (`keras.src`,
+`tensorflow.python`, an underscored Keras/TensorFlow member, a monkey-patch)
+lives in this package, one small named function per need, each saying which
+internal it uses and why the public API does not serve. Nothing else in
+tfdist imports `keras.src` or `tensorflow.python` or reads an underscored
+Keras/TensorFlow member. Each function is pinned by `tests/test_seam.py`,
+which names the seam and the installed Keras/TensorFlow versions when an
+upgrade moves an internal. A TensorFlow or Keras upgrade then means reading
+this package and running that test, not grepping the package.
+
+One module per topic: `keras_optimizer`, `keras_losses`, `keras_model`,
+`keras_data`, `keras_callbacks`, `tf_distribute`, `tf_data`, `tf_runtime`.
+Importing `tfdist.seam` imports neither TensorFlow nor Keras; each function
+does when called (`ProgbarLoggerHooks`, a Keras class, loads on first use).
+
+Example:
+
+    from tfdist import seam
+
+    seam.install_quiet_device_iterators()   # idempotent; tfdist.data and tfdist.training call it
+"""
+
+from tfdist.seam.keras_data import (keras_can_convert_arrays, keras_class_weight_map_fn,
+                                    keras_packed_arrays, keras_python_input_dataset,
+                                    keras_sliceable, keras_sparse_rows,
+                                    keras_train_validation_split)
+from tfdist.seam.keras_losses import (compile_loss_entries, compile_loss_entries_replaced,
+                                      declare_metric_direction, get_keras_mask,
+                                      keras_loss_function_wrapper, keras_loss_scaling_disabled,
+                                      model_compile_loss, model_loss_tracker, model_loss_value,
+                                      set_keras_mask, squeeze_or_expand_to_same_rank)
+from tfdist.seam.keras_model import (backup_and_restore_position, callback_model,
+                                     direct_sublayers, has_layer_graph, join_predicted_batches,
+                                     metrics_in_keras_order, model_compile_config,
+                                     model_initial_epoch, model_strategy, nodes_by_depth,
+                                     outputs_structure, producing_layer_name, sequential_graph,
+                                     set_model_initial_epoch, standardized_inputs,
+                                     symbolic_build)
+from tfdist.seam.keras_optimizer import (gradient_sum_skipped, gradient_sum_wrapped,
+                                         held_learning_rate, optimizer_iterations_variable,
+                                         optimizer_trainable_variables,
+                                         optimizer_weight_decay_method,
+                                         override_weight_decay_method,
+                                         restore_weight_decay_method, set_optimizer_strategy)
+from tfdist.seam.tf_data import install_quiet_device_iterators, per_replica_value_spec
+from tfdist.seam.tf_distribute import (create_plain_variable, default_strategy,
+                                       is_plain_resource_variable,
+                                       mirrored_strategy_with_key_base,
+                                       multi_worker_strategy_on_local_devices,
+                                       new_resource_variable, parameter_server_count,
+                                       set_parameter_server_placement, strategy_cluster_resolver,
+                                       strategy_scopes_hidden, strategy_worker_count,
+                                       without_colocation)
+from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_service,
+                                    coordination_key_value_store, forget_retracing_counts,
+                                    local_gpu_memory_limits, wait_for_peers_at_exit)
+
+
+def __getattr__(name):
+    """`ProgbarLoggerHooks` (a Keras class) loads Keras on first use only."""
+    if name == "ProgbarLoggerHooks":
+        from tfdist.seam.keras_callbacks import ProgbarLoggerHooks
+
+        return ProgbarLoggerHooks
+    raise AttributeError(f"module 'tfdist.seam' has no attribute {name!r}")

@@ -1,0 +1,158 @@
+"""The seam to TensorFlow's runtime internals: the eager context's
+coordination service (key-value store, barrier, configuration), the local
+device list, the retracing counters, the checkpoint index message.
+
+Example:
+
+    from tfdist.seam import wait_for_peers_at_exit
+
+    wait_for_peers_at_exit(timeout_seconds=20)   # a multi-worker run's last act
+"""
+
+
+def wait_for_peers_at_exit(timeout_seconds=20.0, name="tfdist/exit"):
+    """Multi-worker runs: waits until every worker reached this point, or `timeout_seconds`.
+
+    The chief hosts TensorFlow's coordination service. When it exits first,
+    a worker still finishing its own stop keeps sending heartbeats to a
+    closed port for ~10 s (`Failed to send RPC to coordination service`,
+    `Connection refused`) before it leaves. A barrier just before exit lets
+    the chief leave only once every worker is done with the service. A peer
+    that is gone or late is not waited for beyond the deadline.
+
+    Private: `tensorflow.python.eager.context.context().wait_at_barrier`
+    (the coordination service's barrier has no public API in TF 2.21).
+
+    Args:
+        timeout_seconds: the longest wait (keep it below the grace period a
+            cluster manager gives between SIGTERM and SIGKILL).
+        name: the barrier's id; every worker must use the same one.
+
+    Returns:
+        True when every worker arrived, False when the service is not
+        running (a single-process run) or the wait failed or timed out.
+
+    Example:
+
+    >>> wait_for_peers_at_exit(timeout_seconds=5)
+    False
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if not ctx.coordination_service:
+        return False
+    try:
+        ctx.wait_at_barrier(name, int(timeout_seconds * 1000))
+    except Exception:  # noqa: BLE001 - tf.errors.OpError: a peer is gone or late; leave anyway
+        return False
+    return True
+
+
+def coordination_key_value_store():
+    """The object whose `set_config_key_value(key, value)` and
+    `get_config_key_value(key, timeout_in_ms=...)` reach the coordination
+    service's key-value store shared by every worker of the cluster.
+
+    Private: `tensorflow.python.eager.context.context()` (the store has no
+    public API in TF 2.21).
+
+    Example:
+
+    >>> store = coordination_key_value_store()
+    >>> store.set_config_key_value("tfdist/claim", "worker:0")
+    """
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def configure_coordination_service(leader, jobs, register_timeout_seconds):
+    """Configures TensorFlow's coordination service (as `MultiWorkerMirroredStrategy` would)
+    with a bounded cluster registration, unless someone already configured it.
+
+    Args:
+        leader: the service leader task, e.g. `"/job:chief/replica:0/task:0"`.
+        jobs: `{job name: number of tasks}` of the coordinated jobs.
+        register_timeout_seconds: how long a task waits for the others to register.
+
+    Returns:
+        False when the service was already configured (nothing changed), True otherwise.
+
+    Private: `tensorflow.python.eager.context.context().configure_coordination_service`
+    and its `coordination_service` config (no public setting for the timeout).
+
+    Example:
+
+    >>> configure_coordination_service("/job:worker/replica:0/task:0", {"worker": 2}, 60)
+    True
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if ctx.coordination_service is not None:
+        return False
+    ctx.configure_coordination_service(
+        service_type="standalone", service_leader=leader,
+        cluster_register_timeout_in_ms=int(register_timeout_seconds * 1000))
+    service = ctx.coordination_service
+    for name, num_tasks in jobs.items():
+        service.coordinated_job_list.add(name=name, num_tasks=num_tasks)
+    service.cluster_register_with_barrier = True
+    return True
+
+
+def local_gpu_memory_limits():
+    """The memory limit in bytes of each local GPU's allocator, in TensorFlow's numbering.
+
+    Private: `tensorflow.python.client.device_lib.list_local_devices` (the one
+    place TensorFlow reports a GPU allocator's limit).
+
+    Example:
+
+    >>> local_gpu_memory_limits()   # a machine without GPUs
+    []
+    """
+    from tensorflow.python.client import device_lib
+
+    return [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+
+
+def forget_retracing_counts():
+    """Forgets how often each `tf.function` was traced, so earlier traces do not count
+    towards TensorFlow's "excessive retracing" warning.
+
+    Returns:
+        False when TensorFlow's counters are not found (then the warning is only noise).
+
+    Private: `polymorphic_function._frequent_tracing_detector_manager._detectors`.
+
+    Example:
+
+    >>> forget_retracing_counts()
+    True
+    """
+    try:
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+        polymorphic_function._frequent_tracing_detector_manager._detectors.clear()  # noqa: SLF001
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def checkpoint_state():
+    """An empty `CheckpointState` protocol buffer: the format of TensorFlow's
+    `checkpoint` index file, parsed by tfdist's backup index reader.
+
+    Private: `tensorflow.python.training.checkpoint_state_pb2` (the message
+    has no public export).
+
+    Example:
+
+    >>> checkpoint_state().all_model_checkpoint_paths
+    []
+    """
+    from tensorflow.python.training import checkpoint_state_pb2
+
+    return checkpoint_state_pb2.CheckpointState()
