@@ -107,7 +107,7 @@ def all_finite(path):
 
 
 def assert_weights_close(actual, expected, tolerance=1e-5):
-    for a, b in zip(actual, expected):
+    for a, b in zip(actual, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance)
 
 
@@ -236,7 +236,7 @@ def test_keras_fit_without_the_epoch_start_backup_redoes_batches_and_says_so(tmp
     assert backup.exact is False
     assert len(history["loss"]) == 2
     # Six batches trained twice: the result differs from the uninterrupted run.
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, reference)) > 1e-3
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(weights, reference, strict=True)) > 1e-3
 
 
 def test_keras_fit_under_mirrored_resumes(tmp_path):

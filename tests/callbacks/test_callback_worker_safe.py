@@ -137,7 +137,7 @@ def test_single_worker_strategies_keep_the_callbacks(make, monkeypatch, caplog, 
     with caplog.at_level(logging.INFO, "tfdist.callbacks.worker_safe"):
         safe = make_worker_safe(callbacks, strategy)
     assert safe == callbacks and safe is not callbacks
-    assert all(a is b for a, b in zip(safe, callbacks))
+    assert all(a is b for a, b in zip(safe, callbacks, strict=True))
     assert not caplog.records
     assert make_worker_safe(None, strategy) == []
 
@@ -159,7 +159,7 @@ def test_under_several_workers_the_writers_run_on_the_chief_only(index, chief, m
     callbacks = writers[:2] + kept[:4] + [backup] + writers[2:] + kept[4:]
     safe = make_worker_safe(callbacks, strategy)
     assert len(safe) == len(callbacks)
-    for original, new in zip(callbacks, safe):
+    for original, new in zip(callbacks, safe, strict=True):
         if original in writers:
             assert isinstance(new, ChiefOnly) and new.callback is original
             assert (new.non_chief, new.strategy) == ("auto", strategy)
@@ -382,7 +382,7 @@ def test_mw_the_resumed_weights_are_the_uninterrupted_run_s(two_workers):
     for rank in (0, 1):
         reference = common.load_weights(out / f"reference_rank{rank}.npz")
         resumed = common.load_weights(out / f"resumed_rank{rank}.npz")
-        for got, want in zip(resumed, reference):
+        for got, want in zip(resumed, reference, strict=True):
             assert np.allclose(got, want, rtol=1e-6)
         # not trivially equal: run 1 stopped elsewhere
         interrupted = common.load_weights(out / f"interrupted_rank{rank}.npz")

@@ -135,7 +135,8 @@ def ids_across_two_replicas(source, id_of):
     per_replica = [[], []]
     for images, labels in dataset:
         for replica, (x, y) in enumerate(zip(strategy.experimental_local_results(images),
-                                             strategy.experimental_local_results(labels))):
+                                             strategy.experimental_local_results(labels),
+                                             strict=True)):
             per_replica[replica] += id_of(x.numpy(), y.numpy())
     return per_replica
 
@@ -185,7 +186,7 @@ def test_tfrecord_decode_and_label_offset(tmp_path):
         assert sorted(got.tolist()) == sorted(expected.tolist())
         assert decoded.shape == (12, 16, 16, 3) and decoded.dtype == np.float32
     # PNG is lossless: every decoded image is exactly one of the written ones, with its label.
-    by_pixels = {image.tobytes(): int(label) for image, label in zip(images, labels)}
+    by_pixels = {image.tobytes(): int(label) for image, label in zip(images, labels, strict=True)}
     source = ImageNetTFRecordSource(str(tmp_path / "png-*"), num_classes=8, image_size=16,
                                     mean=0.5, std=0.5)
     decoded, got = one_epoch(source, batch=4)
@@ -269,7 +270,7 @@ def two_epochs(augment_seed):
     return [np.sort(next(batches)[0].numpy().reshape(32, -1), axis=0) for _ in range(2)]
 
 a, b, c = two_epochs(3), two_epochs(3), two_epochs(4)
-print(json.dumps({"same_seed_equal": all(np.array_equal(x, y) for x, y in zip(a, b)),
+print(json.dumps({"same_seed_equal": all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)),
                   "other_seed_differs": not np.array_equal(a[0], c[0]),
                   "epochs_differ": not np.array_equal(a[0], a[1])}))
 """
@@ -344,7 +345,7 @@ def test_image_folder_classes_are_sorted_names_and_labels_follow_the_folders(tmp
     assert source.num_examples == 9 and source.train_crop == "pad"
     images, labels = one_epoch(source, batch=3)
     assert images.shape == (9, 8, 8, 3)
-    for image, label in zip(to_uint8(images, source), labels):
+    for image, label in zip(to_uint8(images, source), labels, strict=True):
         colour = COLOURS[source.class_names[label]]
         np.testing.assert_allclose(image.reshape(-1, 3).mean(axis=0), colour, atol=4)
     assert sorted(labels.tolist()) == [0, 0, 0, 1, 1, 1, 2, 2, 2]

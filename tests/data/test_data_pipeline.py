@@ -110,7 +110,8 @@ def test_two_replicas_see_every_example_exactly_once(id_files, mirrored, kind):
     per_replica = [[], []]
     for inputs, targets in dataset:
         for replica, (x, y) in enumerate(zip(mirrored.experimental_local_results(inputs),
-                                             mirrored.experimental_local_results(targets))):
+                                             mirrored.experimental_local_results(targets),
+                                             strict=True)):
             assert x.shape[0] <= 2 and x.dtype == tf.int32
             np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])
             per_replica[replica].extend(ids_of(x))

@@ -31,7 +31,7 @@ def test_embedded_targets_are_the_task_of_the_prompt_and_pads_are_where_promised
     assert (source.vocab_size, source.sequence_length) == (4 + v, 2 * p + 2)
     inputs, targets = one_epoch(source, batch=8)
     assert inputs.shape == targets.shape == (50, 2 * p + 2)
-    for x, y in zip(inputs, targets):
+    for x, y in zip(inputs, targets, strict=True):
         payload = x[1:p + 1]
         assert x[0] == BOS_ID and x[p + 1] == SEP_ID
         assert payload.min() >= 4 and payload.max() < 4 + v
@@ -96,7 +96,8 @@ def test_token_tfrecords_round_trip(tmp_path):
     assert source.vocab_size == max(max(s) for s in sequences) + 1  # scanned
     assert source.num_files == 3 and not source.pack
     inputs, targets = one_epoch(source)
-    got = sorted(tuple(np.concatenate([x[:1], y]).tolist()) for x, y in zip(inputs, targets))
+    got = sorted(tuple(np.concatenate([x[:1], y]).tolist())
+                 for x, y in zip(inputs, targets, strict=True))
     expected = sorted(tuple((s + [0] * 6)[:6]) for s in sequences)
     assert got == expected
 
@@ -122,7 +123,8 @@ def test_text_tfrecords_round_trip(tmp_path, fmt):
         source = TFRecordSource(str(tmp_path / "raw.tfrecord"), sequence_length=8, format="raw")
     inputs, targets = one_epoch(source)
     assert inputs.shape[1] == 8
-    stream = np.concatenate([np.concatenate([x[:1], y]) for x, y in zip(inputs, targets)])
+    stream = np.concatenate([np.concatenate([x[:1], y])
+                             for x, y in zip(inputs, targets, strict=True)])
     expected = []
     for text in texts:
         expected += [BOS_ID] + (np.frombuffer(text.encode(), np.uint8) + 4).tolist() + [EOS_ID]
@@ -142,15 +144,16 @@ def test_text_files_round_trip_through_packed_windows(tmp_path):
     assert source.vocab_size == 5 + len(distinct)
     inputs, targets = one_epoch(source)
     assert inputs.shape[1] == 16
-    for x, y in zip(inputs, targets):
+    for x, y in zip(inputs, targets, strict=True):
         np.testing.assert_array_equal(x[1:], y[:-1])
-    stream = np.concatenate([np.concatenate([x[:1], y]) for x, y in zip(inputs, targets)])
+    stream = np.concatenate([np.concatenate([x[:1], y])
+                             for x, y in zip(inputs, targets, strict=True)])
     assert source.vocabulary.decode(stream).decode("utf-8") == contents["a.txt"] + contents["b.txt"]
 
 
 def window_texts(source, inputs, targets):
     return [source.vocabulary.decode(np.concatenate([x[:1], y])).decode() for x, y in
-            zip(inputs, targets)]
+            zip(inputs, targets, strict=True)]
 
 
 def test_packed_text_windows_are_contiguous_text_even_when_shuffled(tmp_path):

@@ -237,7 +237,7 @@ def test_two_tasks_on_localhost_train_from_slurm_variables_alone(tmp_path):
         log.seek(0)
         outputs.append(log.read())
         log.close()
-    for rank, (process, output) in enumerate(zip(processes, outputs)):
+    for rank, (process, output) in enumerate(zip(processes, outputs, strict=True)):
         assert process.returncode == 0, \
             f"task {rank} exited {process.returncode}:\n{output[-4000:]}"
     results = _results(outputs)
@@ -251,9 +251,9 @@ def test_two_tasks_on_localhost_train_from_slurm_variables_alone(tmp_path):
         assert result["worker_index"] == rank
     first, second = results[0], results[1]
     assert first["loss"] == second["loss"]
-    for a, b in zip(first["weights"], second["weights"]):
+    for a, b in zip(first["weights"], second["weights"], strict=True):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(first["weights"], _reference_weights()):
+    for a, b in zip(first["weights"], _reference_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -273,7 +273,7 @@ def assert_same_training(actual, expected, rtol=1e-5, atol=1e-6):
     """Weights and every logged value of Keras's history agree."""
     (weights, history), (reference_weights, reference_history) = actual, expected
     assert len(weights) == len(reference_weights)
-    for got, want in zip(weights, reference_weights):
+    for got, want in zip(weights, reference_weights, strict=True):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     for key, values in reference_history.items():
         assert key in history, f"{key!r} is missing from the logs: {sorted(history)}"

@@ -53,7 +53,7 @@ def test_every_task_gets_the_tf_config_of_a_chief_workers_and_ps_job():
                        "ps": ["127.0.0.1:3003"]}
     base = {"TFDIST_RANK": "9", "PATH": "/bin"}
     gpus = [["0"], ["1"], ["2"], []]
-    for task, gpu_group in zip(tasks, gpus):
+    for task, gpu_group in zip(tasks, gpus, strict=True):
         env = cluster_lib.task_env(base, cluster, task, f"/tmp/{task[0]}{task[1]}.ready",
                                    devices_per_worker=2, startup_timeout=90.0, gpus=gpu_group)
         assert json.loads(env["TF_CONFIG"]) == {

@@ -171,7 +171,7 @@ def test_moving_statistics_after_a_mirrored_training_step(strategy, synchronized
         return momentum * initial + (1.0 - momentum) * batch_value
 
     if synchronized:
-        for mean, variance in zip(means, variances):
+        for mean, variance in zip(means, variances, strict=True):
             np.testing.assert_allclose(mean, moved(0.0, whole.mean(0)), rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(variance, moved(1.0, whole.var(0)), rtol=1e-4, atol=1e-4)
         deepest = model.get_layer("stage3_block1_bn2")
@@ -181,7 +181,7 @@ def test_moving_statistics_after_a_mirrored_training_step(strategy, synchronized
     else:
         # Each replica's copy holds its own half's statistics: the mirrored
         # copies diverge, and reading the variable gives replica 0's copy.
-        for mean, variance, own in zip(means, variances, features):
+        for mean, variance, own in zip(means, variances, features, strict=True):
             np.testing.assert_allclose(mean, moved(0.0, own.mean(0)), rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(variance, moved(1.0, own.var(0)), rtol=1e-4, atol=1e-4)
         assert np.abs(means[0] - means[1]).max() > 0.1
@@ -232,7 +232,7 @@ def test_sgd_weight_decay_shrinks_only_kernels_on_two_replicas(strategy, exclude
 
     zero_gradient_step()
     shrink = 1.0 - learning_rate * weight_decay   # applied once, not per replica
-    for variable, old in zip(model.trainable_variables, before):
+    for variable, old in zip(model.trainable_variables, before, strict=True):
         expected = old * shrink if (is_weight_decayed(variable) or not exclude) else old
         for copy in replica_copies(variable):
             np.testing.assert_allclose(copy, expected, rtol=1e-6, err_msg=variable.path)

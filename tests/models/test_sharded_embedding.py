@@ -32,7 +32,8 @@ def test_lookup_and_gradient_equal_a_plain_embedding(shards):
     sharded_grads = tape.gradient(sharded_loss, [w.value for w in layer.shards])
     plain_grad = tf.convert_to_tensor(tape.gradient(plain_loss, plain.embeddings.value))
     dense = tf.concat([tf.convert_to_tensor(g) if g is not None else
-                       tf.zeros(w.shape) for g, w in zip(sharded_grads, layer.shards)], axis=0)
+                       tf.zeros(w.shape)
+                       for g, w in zip(sharded_grads, layer.shards, strict=True)], axis=0)
     np.testing.assert_allclose(dense, plain_grad, rtol=1e-6, atol=1e-6)
 
 

@@ -36,7 +36,7 @@ def test_the_programs_would_train_differently_if_a_setting_were_dropped():
     """The comparisons above can fail: without loss_weights, class_weight or the
     custom step, the weights end elsewhere."""
     def moved(a, b):
-        return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+        return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
     reference, _ = programs.keras_fit("two_outputs")
     strategy = mirrored(2)
@@ -198,7 +198,7 @@ def test_add_loss_only_trains_like_keras_fit():
     expected.fit(x, batch_size=16, epochs=2, shuffle=False, verbose=0)
     model = build(mirrored(2))
     Trainer(model).fit(x, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    for got, want in zip(model.get_weights(), expected.get_weights()):
+    for got, want in zip(model.get_weights(), expected.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -208,7 +208,7 @@ def test_a_gan_trains_on_x_only_with_its_own_compile_and_optimizers():
     history = Trainer(model).fit(verbose=0, **arguments).history
     assert set(history) >= {"d_loss", "g_loss"} and len(history["d_loss"]) == 2
     assert all(np.isfinite(history["d_loss"] + history["g_loss"]))
-    assert any(np.any(a != b) for a, b in zip(model.generator.get_weights(), before))
+    assert any(np.any(a != b) for a, b in zip(model.generator.get_weights(), before, strict=True))
 
 
 def test_a_gan_whose_optimizers_are_not_built_is_refused_with_the_way_out():

@@ -39,7 +39,7 @@ def flat(batches):
 
 def assert_same_batches(expected, actual):
     tf.nest.assert_same_structure(expected, actual, expand_composites=False)
-    for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual)):
+    for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(actual), strict=True):
         assert e.dtype == a.dtype
         np.testing.assert_array_equal(e.numpy(), a.numpy())
 
@@ -119,7 +119,7 @@ def test_element_forms_and_structures_equal_kerass_adapter():
         ours = list(array_dataset(batch_size=5, **case))
         theirs = list(ArrayDataAdapter(batch_size=5, **case).get_tf_dataset())
         assert len(ours) == len(theirs) == 3
-        for expected, actual in zip(theirs, ours):
+        for expected, actual in zip(theirs, ours, strict=True):
             assert_same_batches(expected, actual)
     x_only, with_y, with_weights = (next(iter(array_dataset(batch_size=5, **case)))
                                     for case in cases[:3])
@@ -151,7 +151,7 @@ def test_class_weight_gives_kerass_sample_weights(labels):
     keras_batches = list(ArrayDataAdapter(x, y, batch_size=BATCH, class_weight=class_weight)
                          .get_tf_dataset())
     for expected_batch, batch in zip(keras_batches, array_dataset(
-            x, y, batch_size=BATCH, class_weight=class_weight)):
+            x, y, batch_size=BATCH, class_weight=class_weight), strict=True):
         assert_same_batches(expected_batch, batch)
 
 
@@ -161,7 +161,7 @@ def test_split_validation_equals_kerass_split():
     for data in ((x, y, weights), ({"a": x, "b": y}, [y, y], None), (x, None, None)):
         ours = split_validation(*data, 0.25)
         theirs = array_slicing.train_validation_split(data, validation_split=0.25)
-        for part_ours, part_theirs in zip(ours, theirs):
+        for part_ours, part_theirs in zip(ours, theirs, strict=True):
             tf.nest.map_structure(np.testing.assert_array_equal, part_ours, part_theirs)
     (train_x, train_y, train_w), (val_x, val_y, val_w) = split_validation(x, y, weights, 0.25)
     assert len(train_y) == 77 and val_y.tolist() == list(range(77, ROWS))  # the last rows
@@ -289,7 +289,7 @@ def test_two_replicas_see_every_row_once_per_pass(shuffle):
             x_parts = strategy.experimental_local_results(batch_x)
             assert len(parts) == 2
             sizes.append([int(p.shape[0]) for p in parts])
-            for part, x_part in zip(parts, x_parts):
+            for part, x_part in zip(parts, x_parts, strict=True):
                 np.testing.assert_array_equal(x_part.numpy(), x[part.numpy()])
             order.append([row for part in parts for row in part.numpy().tolist()])
         assert sizes == [[5, 5]] * 10 + [[2, 1]]  # the last batch is split too

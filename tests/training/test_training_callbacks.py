@@ -77,12 +77,12 @@ def test_standard_callbacks_on_two_replicas(tmp_path, capsys):
     # .keras file is the epoch with the lowest val_loss.
     fresh = common.dense_model(common.mirrored(1), seed=7)
     fresh.load_weights(str(tmp_path / "epoch2.weights.h5"))
-    for a, b in zip(fresh.get_weights(), trainer.model.get_weights()):
+    for a, b in zip(fresh.get_weights(), trainer.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     best_epoch = int(np.argmin(history.history["val_loss"])) + 1
     fresh.load_weights(str(tmp_path / f"epoch{best_epoch}.weights.h5"))
     best = keras.saving.load_model(str(tmp_path / "best.keras"), compile=False)
-    for a, b in zip(best.get_weights(), fresh.get_weights()):
+    for a, b in zip(best.get_weights(), fresh.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     if importlib.util.find_spec("tensorboard") is not None:
         assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
@@ -120,7 +120,7 @@ def test_steps_per_epoch_continues_the_data_and_restarts_when_it_runs_out():
     repeated.fit(TRAIN.repeat(), epochs=2, steps_per_epoch=2, verbose=0)
     one_pass = make_trainer()
     one_pass.fit(TRAIN, epochs=1, verbose=0)  # the same 4 batches in one epoch
-    for a, b in zip(repeated.model.get_weights(), one_pass.model.get_weights()):
+    for a, b in zip(repeated.model.get_weights(), one_pass.model.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
     finite = make_trainer()

@@ -28,7 +28,7 @@ def train(devices, data, loss, *, model_fn=common.dense_model, learning_rate=0.2
 
 def assert_same_training(a, b):
     np.testing.assert_allclose(a[1]["loss"], b[1]["loss"], rtol=RTOL)
-    for wa, wb in zip(a[0], b[0]):
+    for wa, wb in zip(a[0], b[0], strict=True):
         np.testing.assert_allclose(wa, wb, rtol=RTOL, atol=ATOL)
 
 
@@ -50,7 +50,7 @@ def test_adamw_with_moving_average_matches_one_device():
     two = train(2, data, "mse", make_optimizer=make)
     assert_same_training(two, one)
     averages = two[2].optimizer._model_variables_moving_average
-    for weight, average in zip(two[0], averages):  # fit() ends with the averages
+    for weight, average in zip(two[0], averages, strict=True):  # fit() ends with the averages
         np.testing.assert_array_equal(weight, average.numpy())
 
 
@@ -73,7 +73,7 @@ def test_global_norm_clipping_matches_one_device_and_binds(where):
     two = train(2, data, "mse", **kwargs)
     assert_same_training(two, one)
     unclipped = train(1, data, "mse")
-    assert max(np.max(np.abs(a - b)) for a, b in zip(one[0], unclipped[0])) > 1e-2
+    assert max(np.max(np.abs(a - b)) for a, b in zip(one[0], unclipped[0], strict=True)) > 1e-2
 
 
 def test_sample_weighted_loss_matches_one_device_when_replicas_weigh_differently():
@@ -106,7 +106,7 @@ def test_xla_matches_no_xla_on_two_replicas():
     plain = train(2, data, loss, **kwargs)
     xla = train(2, data, loss, jit_compile=True, **kwargs)
     np.testing.assert_allclose(xla[1]["loss"], plain[1]["loss"], rtol=1e-5)
-    for a, b in zip(xla[0], plain[0]):
+    for a, b in zip(xla[0], plain[0], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -197,4 +197,4 @@ def test_clipping_an_embedding_gradient_matches_one_device():
     two = train(2, data, loss, **kwargs)
     assert_same_training(two, one)
     unclipped = train(1, data, loss, model_fn=common.token_model, learning_rate=0.5)
-    assert max(np.max(np.abs(a - b)) for a, b in zip(one[0], unclipped[0])) > 1e-2
+    assert max(np.max(np.abs(a - b)) for a, b in zip(one[0], unclipped[0], strict=True)) > 1e-2

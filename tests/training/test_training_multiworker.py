@@ -49,16 +49,17 @@ def test_two_workers_match_one_process_and_each_other(run):
     out, _ = run
     reference_weights, reference_history = single_process_sgd()
     rank0, rank1 = (common.load_weights(out / f"rank{r}_sgd.npz") for r in (0, 1))
-    for a, b in zip(rank0, rank1):
+    for a, b in zip(rank0, rank1, strict=True):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(rank0, reference_weights):
+    for a, b in zip(rank0, reference_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for r in (0, 1):
         np.testing.assert_allclose(common.load_json(out / f"rank{r}_sgd.json")["loss"],
                                    reference_history["loss"], rtol=1e-5)
     # The clipping in these runs binds: without it the weights end elsewhere.
     unclipped, _ = single_process_sgd(clip=False)
-    assert max(np.max(np.abs(a - b)) for a, b in zip(unclipped, reference_weights)) > 1e-2
+    assert max(np.max(np.abs(a - b))
+               for a, b in zip(unclipped, reference_weights, strict=True)) > 1e-2
 
 
 def test_xla_matches_no_xla_on_two_workers(run):
@@ -67,7 +68,7 @@ def test_xla_matches_no_xla_on_two_workers(run):
         np.testing.assert_allclose(common.load_json(out / f"rank{r}_xla.json")["loss"],
                                    common.load_json(out / f"rank{r}_sgd.json")["loss"], rtol=1e-5)
         for a, b in zip(common.load_weights(out / f"rank{r}_xla.npz"),
-                        common.load_weights(out / f"rank{r}_sgd.npz")):
+                        common.load_weights(out / f"rank{r}_sgd.npz"), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -88,7 +89,7 @@ def test_standard_callbacks_on_two_workers(run):
     assert os.listdir(out / "rank1") == []
     model = common.dense_model(tf.distribute.get_strategy(), seed=3)
     model.load_weights(str(out / "rank0" / "last.weights.h5"))
-    for a, b in zip(model.get_weights(), final):
+    for a, b in zip(model.get_weights(), final, strict=True):
         np.testing.assert_array_equal(a, b)
     best = keras.saving.load_model(str(out / "rank0" / "best.keras"), compile=False)
     assert len(best.get_weights()) == len(final)

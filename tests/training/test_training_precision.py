@@ -87,7 +87,7 @@ def test_float16_loss_scale_skips_overflows_then_grows(policy):
     scales = np.array(recorder.scales)
     # Overflowing steps are skipped: weights and the inner step counter do not move.
     assert scales[0] == 2.0 ** 27 and recorder.iterations[0] == 0
-    for before, after in zip(initial_weights, recorder.first_weights):
+    for before, after in zip(initial_weights, recorder.first_weights, strict=True):
         np.testing.assert_array_equal(before, after)
     halvings = np.flatnonzero(scales[1:] == scales[:-1] / 2)
     doublings = np.flatnonzero(scales[1:] == scales[:-1] * 2)

@@ -52,7 +52,7 @@ def run(sources, batch_ids, out, global_batch_size):
         for element in dataset:
             steps += 1
             local = [strategy.experimental_local_results(part) for part in element]
-            for replica_element in zip(*local):
+            for replica_element in zip(*local, strict=True):
                 ids.extend(batch_ids(name, source, replica_element))
         results["sources"][name] = {"ids": ids, "modes": list(recorder.modes), "steps": steps}
         print(f"worker {rank}: {name}: {len(ids)} examples in {steps} steps, "

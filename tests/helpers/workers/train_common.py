@@ -92,7 +92,7 @@ def weights_of(model):
 
 def max_rel_diff(a, b):
     """Largest |a - b| / max(|b|, 1e-6 scale) over lists of arrays."""
-    return max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-6))) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y) / (np.abs(y) + 1e-6))) for x, y in zip(a, b, strict=True))
 
 
 def load_weights(path):

@@ -34,7 +34,7 @@ def fit(make_model, data, epochs=1, strategy=DEFAULT, **trainer_kwargs):
 def assert_same(ours, reference, metrics=("loss",)):
     for name in metrics:
         np.testing.assert_allclose(ours[1][name], reference[1][name], rtol=RTOL, err_msg=name)
-    for a, b in zip(ours[0], reference[0]):
+    for a, b in zip(ours[0], reference[0], strict=True):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
@@ -118,7 +118,7 @@ def test_sequential_sum_loss_with_boundaries_and_clipping_matches_one_device():
     assert_same(two, one, metrics=("loss", "mae"))
     # The clipping binds: without it the weights end elsewhere.
     unclipped = fit(sequential_regression, data, epochs=2)
-    assert max(np.max(np.abs(a - b)) for a, b in zip(unclipped[0], one[0])) > 1e-3
+    assert max(np.max(np.abs(a - b)) for a, b in zip(unclipped[0], one[0], strict=True)) > 1e-3
 
 
 # ---------------------------------------------------------------- placement
@@ -306,7 +306,7 @@ def test_mixed_float16_loss_scaling_matches_one_device(mixed_float16):
     assert float(two[2].optimizer.dynamic_scale.numpy()) == float(
         one[2].optimizer.dynamic_scale.numpy())
     np.testing.assert_allclose(two[1]["loss"], one[1]["loss"], rtol=1e-3)
-    for a, b in zip(two[0], one[0]):
+    for a, b in zip(two[0], one[0], strict=True):
         np.testing.assert_allclose(a, b, atol=2e-3)
 
 
@@ -341,5 +341,5 @@ def test_backup_and_resume_continue_a_pipelined_run_exactly(tmp_path):
     model_b, resumed = trainer()
     resumed.fit(data, epochs=2, verbose=0, callbacks=[BackupAndResume(str(tmp_path), save_freq=1)])
     assert int(resumed.optimizer.iterations.numpy()) == 6
-    for a, b in zip(common.weights_of(model_b), common.weights_of(model)):
+    for a, b in zip(common.weights_of(model_b), common.weights_of(model), strict=True):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)

@@ -50,7 +50,7 @@ def test_two_workers_of_two_stages_match_one_device(tmp_path):
         with np.load(tmp_path / f"rank{rank}.npz") as saved:
             arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
         np.testing.assert_allclose(arrays[0], predictions, rtol=1e-4, atol=1e-5)
-        for ours, theirs in zip(arrays[1:], reference):
+        for ours, theirs in zip(arrays[1:], reference, strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
