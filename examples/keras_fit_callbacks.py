@@ -52,7 +52,8 @@ from tfdist.callbacks import (DeviceMemoryMonitor, LearningRateLogger, NanGuard,
                               ThroughputMeter, make_logging_callbacks)
 from tfdist.callbacks.backup import BackupAndResume, latest_backup  # noqa: E402
 from tfdist.schedules import make_schedule  # noqa: E402
-from tfdist.distribute.strategy import create_strategy, describe_strategy  # noqa: E402
+from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
+from tfdist.distribute.introspection import describe_strategy  # noqa: E402
 
 FEATURES = 16
 CLASSES = 4

@@ -20,7 +20,7 @@ import tensorflow as tf
 from helpers import mw
 from tfdist.callbacks.chief import is_chief, model_strategy, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 from helpers.workers.train_common import OnReadCounter
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None

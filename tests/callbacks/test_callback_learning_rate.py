@@ -8,7 +8,7 @@ from tfdist.callbacks.learning_rate import LearningRateLogger
 from tfdist.callbacks.learning_rate import LearningRateScheduleCallback
 from tfdist.schedules import WarmUp
 from tfdist.schedules import make_schedule
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 
 def _ones_model():

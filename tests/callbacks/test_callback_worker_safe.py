@@ -26,7 +26,7 @@ from tfdist.callbacks.chief import is_chief, num_workers
 from tfdist.callbacks.chief_logging import ChiefOnly
 from tfdist.callbacks.worker_safe import make_worker_safe
 from tfdist.callbacks.worker_safe_backup import WorkerSafeBackupAndRestore
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 from tfdist.training.callback_list import make_callback_list
 from helpers.workers import keras_callbacks_worker as kcw
 from helpers.workers import train_common as common

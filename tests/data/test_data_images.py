@@ -22,7 +22,7 @@ from tfdist.data import (FILE, IMAGE_SCHEMES, RECORD, DatasetNotPreparedError, I
                          distribute_dataset, make_dataset_fn, make_source, write_image_tfrecords)
 from tfdist.data.images import ImageSource, augment_image, eval_view, generate_shapes
 from tfdist.data.images.shapes import SHAPE_CLASSES
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 TWO_REPLICAS = ["/cpu:0", "/cpu:1"]
 

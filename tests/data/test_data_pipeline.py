@@ -11,7 +11,7 @@ from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecord
                          distribute_dataset, make_dataset_fn, per_replica_batch_size,
                          plan_sharding, write_token_tfrecords)
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 VOCAB = 1000
 

@@ -21,7 +21,8 @@ from tfdist.distribute.tf_config import TFConfigError, parse_tf_config
 from tfdist.launch import local_cluster as launch_cluster
 from tfdist.recipes.recipe_runner import CLUSTER_LOST_EXIT_CODE
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
-from tfdist.distribute.strategy import choose_strategy, task_info
+from tfdist.distribute.strategy_factory import choose_strategy
+from tfdist.distribute.introspection import task_info
 
 TFJOB = os.path.join(mw.REPO_ROOT, "deploy", "tfjob.yaml")
 TFJOB_PS = os.path.join(mw.REPO_ROOT, "deploy", "tfjob-ps.yaml")

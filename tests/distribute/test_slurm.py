@@ -25,7 +25,7 @@ import pytest
 from tfdist.distribute.tf_config import parse_tf_config
 from tfdist.distribute.ports import bind_error, describe_holders
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
-from tfdist.distribute.strategy import _resolve_cluster, choose_strategy
+from tfdist.distribute.strategy_factory import choose_strategy, resolve_cluster
 from helpers.paths import WORKERS_DIR  # noqa: E402
 
 SBATCH = os.path.join(mw.REPO_ROOT, "deploy", "slurm.sbatch")
@@ -135,7 +135,7 @@ def test_the_sbatch_allocation_resolves_to_one_worker_per_node(slurm_step):
         assert env["SLURM_STEP_NODELIST"] == "gpu[01-02]"
         assert env["SLURM_STEP_TASKS_PER_NODE"] == "1(x2)"
 
-        cluster = _resolve_cluster("slurm")
+        cluster = resolve_cluster("slurm")
         config = cluster.config
         assert cluster.source == "SlurmClusterResolver"
         assert dict(config.cluster) == {"worker": expected}
@@ -161,7 +161,7 @@ def test_several_tasks_per_node_get_ports_and_gpus_by_local_rank(slurm_step):
     nodes = ["gpu01", "gpu02"]
     for rank in range(4):
         slurm_step(rank, nodes, tasks_per_node=2, gpus_per_node=4)
-        config = _resolve_cluster("slurm").config
+        config = resolve_cluster("slurm").config
         assert dict(config.cluster) == {"worker": ("gpu01:8888", "gpu01:8889",
                                                    "gpu02:8888", "gpu02:8889")}
         assert config.task_index == rank
@@ -414,12 +414,12 @@ def test_cpu_nodes_and_gpus_bound_by_slurm_resolve_without_touching_the_gpus(slu
     TensorFlow's resolver defaults fail on both; tfdist's set-up does not."""
     slurm_step(1, ["cpu01", "cpu02"], tasks_per_node=1, gpus_per_node=0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    config = _resolve_cluster("slurm").config
+    config = resolve_cluster("slurm").config
     assert dict(config.cluster) == {"worker": ("cpu01:8888", "cpu02:8888")}
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     slurm_step(3, ["gpu01", "gpu02"], tasks_per_node=2, gpus_per_node=1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # SLURM's --gpus-per-task=1 binding
-    config = _resolve_cluster("slurm").config
+    config = resolve_cluster("slurm").config
     assert (config.task_index, config.own_address) == (3, "gpu02:8889")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
 
@@ -427,7 +427,7 @@ def test_cpu_nodes_and_gpus_bound_by_slurm_resolve_without_touching_the_gpus(slu
 def test_the_port_base_comes_from_the_environment_and_is_checked(slurm_step, monkeypatch):
     slurm_step(0, ["gpu01", "gpu02"], tasks_per_node=1, gpus_per_node=1)
     monkeypatch.setenv("TFDIST_SLURM_PORT_BASE", "23456")
-    assert _resolve_cluster("slurm").config.cluster["worker"] == ("gpu01:23456", "gpu02:23456")
+    assert resolve_cluster("slurm").config.cluster["worker"] == ("gpu01:23456", "gpu02:23456")
     monkeypatch.setenv("TFDIST_SLURM_PORT_BASE", "80")
     with pytest.raises(ValueError, match="TFDIST_SLURM_PORT_BASE='80' is not a port number"):
-        _resolve_cluster("slurm")
+        resolve_cluster("slurm")

@@ -1,10 +1,11 @@
-"""The strategy factory (tfdist.distribute.strategy).
+"""The strategy factory (tfdist.distribute.strategy_factory) and what it made (introspection).
 
 In-process tests run on the 2 logical CPUs tests/conftest.py made. Anything
 that needs a different device count or a multi-worker cluster runs in fresh
 processes with hard deadlines.
 """
 
+import functools
 import json
 import logging
 import os
@@ -14,22 +15,24 @@ import sys
 import time
 
 from helpers import mw
+from helpers.tf_config import tf_config as localhost_tf_config
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tfdist.distribute.tf_config import TFConfigError
 from tfdist.distribute.devices import DeviceConfigError
-from tfdist.distribute.strategy import (STRATEGY_NAMES, UNSUPPORTED_STRATEGIES, StrategyInfo,
-                             choose_strategy, create_strategy, describe_strategy, is_chief,
-                             write_ready_file)
+from tfdist.distribute.strategy_factory import (STRATEGY_NAMES, UNSUPPORTED_STRATEGIES,
+                                                choose_strategy, create_strategy)
+from tfdist.distribute.introspection import StrategyInfo, describe_strategy
+from tfdist.distribute.collectives import is_chief
+from tfdist.distribute.startup import write_ready_file
 
 WORKER = os.path.join("tests", "helpers", "workers", "strategy_worker.py")
 
 
-def tf_config(workers=2, index=0, **extra):
-    cluster = {"worker": [f"127.0.0.1:{20000 + i}" for i in range(workers)], **extra}
-    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+# A worker's TF_CONFIG in a cluster of workers at 127.0.0.1:20000, 20001, ...
+tf_config = functools.partial(localhost_tf_config, "worker", host="127.0.0.1", first_port=20000)
 
 
 @pytest.fixture(autouse=True)
@@ -266,7 +269,8 @@ def test_fresh_process_three_devices_then_multi_worker_too_late():
     code = (
         "import json, os\n"
         "import tensorflow as tf\n"
-        "from tfdist.distribute.strategy import create_strategy, describe_strategy\n"
+        "from tfdist.distribute.strategy_factory import create_strategy\n"
+        "from tfdist.distribute.introspection import describe_strategy\n"
         "s = create_strategy('mirrored', devices=3)\n"
         "total = s.reduce('SUM', s.run(lambda: tf.constant(1.0)), axis=None)\n"
         "print('RESULT', s.num_replicas_in_sync, len(describe_strategy(s).devices), float(total))\n"

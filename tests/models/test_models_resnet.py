@@ -24,7 +24,7 @@ from tfdist.models.resnet import (
     resnet_flops_per_example,
     resnet_name,
 )
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 # torchvision's exact trainable parameter counts (1000 classes) and its
 # published multiply-adds at 224x224 ("GFLOPS" in its model table counts

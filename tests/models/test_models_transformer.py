@@ -19,7 +19,7 @@ from tfdist.models import (
     decoder_lm_param_count,
     transformer_config,
 )
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 BOS, SEP, EOS = 1, 2, 3
 

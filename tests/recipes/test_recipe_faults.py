@@ -139,7 +139,8 @@ def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_p
 
 
 def test_single_machine_strategies_are_the_chief_whatever_tf_config_says(monkeypatch):
-    from tfdist.distribute.strategy import create_strategy, describe_strategy, task_info
+    from tfdist.distribute.strategy_factory import create_strategy
+    from tfdist.distribute.introspection import describe_strategy, task_info
 
     monkeypatch.setenv("TF_CONFIG", STRAY_TF_CONFIG)
     assert task_info() == ("worker", 1, False)  # no strategy: TF_CONFIG's rule

@@ -16,7 +16,7 @@ from tfdist.schedules import OptimizerStepSchedule
 from tfdist.schedules import WarmUp
 from tfdist.schedules import make_schedule
 from tfdist.schedules import scale_learning_rate
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 BASE = 0.1
 WARMUP = 1000

@@ -172,7 +172,7 @@ def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
     >>> alias["keras defaults"]  # jit_compile="auto" is off on a CPU-only machine
     'keras fp32 xla-off'
     """
-    from tfdist.distribute.strategy import create_strategy
+    from tfdist.distribute.strategy_factory import create_strategy
 
     log = log or (lambda line: None)
     strategies, contenders, alias, keys, unsupported = {}, {}, {}, {}, {}

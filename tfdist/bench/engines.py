@@ -113,7 +113,7 @@ class Contender:
         from tfdist.distribute.devices import gpu_count
         from tfdist.precision import resolve_precision
         from tfdist.xla import resolve_xla
-        from tfdist.distribute.strategy import describe_strategy
+        from tfdist.distribute.introspection import describe_strategy
         from tfdist.training import Trainer
 
         if setting.engine == "keras" and isinstance(

@@ -88,7 +88,8 @@ def run_point(args):
     from tfdist.bench.load import LoadMonitor
     from tfdist.bench.workloads import Workload
     from tfdist.distribute.devices import gpu_count
-    from tfdist.distribute.strategy import create_strategy, describe_strategy
+    from tfdist.distribute.strategy_factory import create_strategy
+    from tfdist.distribute.introspection import describe_strategy
 
     workload = Workload(args.model, size=args.size, data=args.data,
                         sequence_length=args.sequence_length, vocab_size=args.vocab_size,

@@ -4,7 +4,8 @@ The rule lives in `tfdist.distribute.strategy.task_info`; callbacks find the job
 strategy through their model, since they run outside `strategy.scope()`.
 """
 
-from tfdist.distribute.strategy import is_chief, num_workers, task_info
+from tfdist.distribute.introspection import num_workers, task_info
+from tfdist.distribute.collectives import is_chief
 
 __all__ = ["is_chief", "model_strategy", "num_workers", "task_info"]
 

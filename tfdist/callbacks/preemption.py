@@ -9,7 +9,7 @@ from tensorflow.python.eager import context
 
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
-from tfdist.distribute.strategy import describe_strategy
+from tfdist.distribute.introspection import describe_strategy
 
 ACK_TIMEOUT = 120.0
 _POLL_MS = 1000

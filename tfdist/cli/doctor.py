@@ -420,7 +420,7 @@ def check_devices(gpu_count, split=None):
 def _allreduce(devices, where):
     import tensorflow as tf
 
-    from tfdist.distribute.strategy import create_strategy
+    from tfdist.distribute.strategy_factory import create_strategy
 
     start = time.perf_counter()
     strategy = create_strategy("mirrored", devices=devices)

@@ -1,7 +1,8 @@
 """Strategy names and all-reduce names, checked without importing TensorFlow.
 
 The recipes validate `--strategy` and `--all-reduce` with these before
-TensorFlow starts; `tfdist.distribute.strategy.create_strategy` uses the same checks.
+TensorFlow starts; `tfdist.distribute.strategy_factory.create_strategy` uses
+the same checks.
 
 Example:
 

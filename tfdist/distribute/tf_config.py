@@ -143,6 +143,35 @@ def parse_tf_config(raw=None):
                          task_index=task_index)
 
 
+def config_from_resolver(resolver):
+    """The `ClusterConfig` a TensorFlow cluster resolver names, or None for no cluster.
+
+    Works with any `tf.distribute.cluster_resolver.ClusterResolver` (TF_CONFIG,
+    SLURM, Kubernetes, ...) and imports no TensorFlow itself.
+
+    Raises:
+        ValueError: the resolver names a cluster but not this process's task.
+
+    Example:
+
+    >>> resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    ...     tf.train.ClusterSpec({"worker": ["a:1", "b:2"]}), task_type="worker", task_id=1)
+    >>> config_from_resolver(resolver).own_address
+    'b:2'
+    """
+    spec = resolver.cluster_spec().as_dict()
+    if not spec:
+        return None
+    if resolver.task_type is None or resolver.task_id is None:
+        raise ValueError(
+            f"{type(resolver).__name__} names a cluster but not this process's task (task_type="
+            f"{resolver.task_type!r}, task_id={resolver.task_id!r}); both are needed.")
+    cluster = {kind: tuple(tasks.values() if isinstance(tasks, dict) else tasks)
+               for kind, tasks in spec.items()}
+    return ClusterConfig(cluster=types.MappingProxyType(cluster), task_type=resolver.task_type,
+                         task_index=resolver.task_id)
+
+
 def _parse_cluster(raw):
     if "cluster" not in raw:
         raise TFConfigError(

@@ -177,8 +177,9 @@ def task_env(base_env, cluster, task, ready_file, devices_per_worker=None,
     PYTHONUNBUFFERED=1, TF_CPP_MIN_LOG_LEVEL=3 (TensorFlow's C++ logging off)
     unless `base_env` sets it, and, when given, TFDIST_DEVICES_PER_WORKER
     (chief and workers only) and TFDIST_STARTUP_TIMEOUT (read by
-    `tfdist.distribute.strategy.create_strategy`) and CUDA_VISIBLE_DEVICES (this task's
-    own GPUs; an empty list hides every GPU). `base_env` is not modified.
+    `tfdist.distribute.strategy_factory.create_strategy`) and
+    CUDA_VISIBLE_DEVICES (this task's own GPUs; an empty list hides every GPU).
+    `base_env` is not modified.
 
     Args:
         base_env: the environment to start from (a mapping of str to str).

@@ -306,7 +306,7 @@ def _serve(recipe, config, cluster):
     import_tensorflow(config.tf_log_level)
     from tfdist.runtime.gpu_memory import apply_gpu_memory
     from tfdist.distribute.ps_cluster import serve_task
-    from tfdist.distribute.strategy import write_ready_file
+    from tfdist.distribute.startup import write_ready_file
 
     apply_gpu_memory(parse_gpu_memory(config.gpu_memory))
     print(f"python -m tfdist.recipes.{recipe.name}: {cluster.task_type} {cluster.task_index} at "
@@ -352,7 +352,8 @@ def _train(recipe, config, where):
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
     from tfdist.data import describe_epoch_passes, distribute_dataset
-    from tfdist.distribute.strategy import create_strategy, describe_strategy
+    from tfdist.distribute.strategy_factory import create_strategy
+    from tfdist.distribute.introspection import describe_strategy
     from tfdist.training import Trainer
 
     devices = prepare_model_parallel_devices(config, gpus)  # K stage devices exist first

@@ -167,7 +167,7 @@ def parameter_server_count():
     """Number of ps tasks of the strategy in scope (0 outside parameter_server)."""
     import tensorflow as tf
 
-    from tfdist.distribute.strategy import is_parameter_server
+    from tfdist.distribute.introspection import is_parameter_server
     from tfdist.training.ps_loop import cluster_spec
 
     strategy = tf.distribute.get_strategy()

@@ -13,7 +13,7 @@ import keras
 
 from tfdist.callbacks.progress import ProgressLogger
 from tfdist.callbacks.worker_safe import make_worker_safe
-from tfdist.distribute.strategy import is_chief
+from tfdist.distribute.collectives import is_chief
 
 
 def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, add_history):

@@ -13,7 +13,7 @@ import collections
 from keras.src import tree
 from tensorflow.python.distribute import distribute_lib
 
-from tfdist.distribute.strategy import is_multi_worker
+from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training.loss import GlobalLoss
 from tfdist.training.model_hooks import hook_name
 

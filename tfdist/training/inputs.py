@@ -26,7 +26,7 @@ import tensorflow as tf
 from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
 from tfdist.seam import install_quiet_device_iterators
-from tfdist.distribute.strategy import is_multi_worker
+from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training import arrays
 
 # Multi-device iterators end without waiting for a tuner they do not use (see the seam).

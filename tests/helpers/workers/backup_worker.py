@@ -36,7 +36,7 @@ import tensorflow as tf  # noqa: E402
 
 import train_common as common  # noqa: E402
 from tfdist.callbacks.backup import BackupAndResume  # noqa: E402
-from tfdist.distribute.strategy import create_strategy  # noqa: E402
+from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 GLOBAL_BATCH = 8

@@ -24,7 +24,7 @@ split_cpu_into_logical_devices(2)  # the stage devices, before TensorFlow starts
 import numpy as np  # noqa: E402
 
 import model_parallel_common as common  # noqa: E402
-from tfdist.distribute.strategy import create_strategy  # noqa: E402
+from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 GLOBAL_BATCH = 12

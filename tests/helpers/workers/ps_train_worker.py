@@ -47,7 +47,7 @@ def die_when_told(marker):
 
 def serve(config, args):
     from tfdist.distribute.ps_cluster import serve_task
-    from tfdist.distribute.strategy import write_ready_file
+    from tfdist.distribute.startup import write_ready_file
 
     victim = {"worker": ("worker", 1), "ps": ("ps", 0)}.get(args.lose)
     if victim == (config.task_type, config.task_index):
@@ -83,7 +83,8 @@ def chief(args):
     import keras
     import numpy as np
 
-    from tfdist.distribute.strategy import create_strategy, describe_strategy
+    from tfdist.distribute.strategy_factory import create_strategy
+    from tfdist.distribute.introspection import describe_strategy
     from tfdist.training import Trainer
     from tfdist.training.ps_loop import ParameterServerLostError
 

@@ -10,7 +10,7 @@ import threading
 threading.Timer(200, lambda: os._exit(98)).start()  # never outlive the test
 
 from tfdist.data import distribute_dataset  # noqa: E402
-from tfdist.distribute.strategy import create_strategy  # noqa: E402
+from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
 
 
 class ModeRecorder(logging.Handler):

@@ -19,7 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfdist.distribute.strategy import create_strategy, describe_strategy, num_workers, task_info  # noqa: E402
+from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
+from tfdist.distribute.introspection import describe_strategy, num_workers, task_info  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 FEATURES, TARGETS, EXAMPLES = 4, 2, 64

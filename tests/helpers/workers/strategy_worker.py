@@ -14,7 +14,10 @@ import sys
 
 import tensorflow as tf
 
-from tfdist.distribute.strategy import READY_FILE_ENV, create_strategy, describe_strategy, is_chief
+from tfdist.distribute.strategy_factory import create_strategy
+from tfdist.distribute.introspection import describe_strategy
+from tfdist.distribute.collectives import is_chief
+from tfdist.distribute.startup import READY_FILE_ENV
 
 name = sys.argv[1] if len(sys.argv) > 1 else "auto"
 collective_timeout = float(sys.argv[2]) if len(sys.argv) > 2 else None

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.distribute.strategy import create_strategy
+from tfdist.distribute.strategy_factory import create_strategy
 
 FEATURES = 4
 TARGETS = 3

@@ -14,7 +14,7 @@ from tfdist.callbacks.backup.store import BackupInfo, read_backup
 from tfdist.callbacks.backup.writer import BackupWriter
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.callbacks.loss_health import loss_health
-from tfdist.distribute.strategy import describe_strategy
+from tfdist.distribute.introspection import describe_strategy
 
 # The attribute tfdist's Trainer publishes its FitPosition under during fit
 # (tfdist.training.trainer.FIT_POSITION_ATTRIBUTE; duck-typed so that this

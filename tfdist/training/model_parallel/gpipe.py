@@ -162,7 +162,7 @@ def check_pipeline_settings(model, hooks, strategy, *, model_parallel, jit_compi
     >>> check_pipeline_settings(model, {}, tf.distribute.get_strategy(), model_parallel=2,
     ...                         jit_compile=False, grad_accum_steps=1)
     """
-    from tfdist.distribute.strategy import num_workers  # pylint: disable=import-outside-toplevel
+    from tfdist.distribute.introspection import num_workers  # pylint: disable=import-outside-toplevel
 
     if hooks:
         names = ", ".join(f"{cls.__name__}.{hook}" for hook, cls in hooks.items())
@@ -241,7 +241,7 @@ class PipelineStepFunctions:
 
     def __init__(self, model, optimizer, loss, strategy, stages, *, micro_batches, clip_norm,
                  run_eagerly=False):
-        from tfdist.distribute.strategy import num_workers  # pylint: disable=import-outside-toplevel
+        from tfdist.distribute.introspection import num_workers  # pylint: disable=import-outside-toplevel
 
         self.model = model
         self.optimizer = optimizer
