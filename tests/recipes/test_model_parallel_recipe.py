@@ -11,7 +11,7 @@ from helpers.recipe_util import REPO_ROOT, run_recipe
 from tfdist.bench.pipeline_bench import COLUMNS, gpipe_bubble, stage_activity
 from tfdist.recipes import transformer
 from tfdist.recipes.config import ConfigError, parse_config
-from tfdist.recipes.recipe_runner import check_before_tensorflow
+from tfdist.recipes.preflight import check_before_tensorflow
 
 SHORT = ["--epochs", "1", "--steps-per-epoch", "3", "--validation-steps", "1",
          "--warmup-steps", "0", "--global-batch-size", "16", "--verbose", "2"]

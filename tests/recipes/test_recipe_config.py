@@ -127,7 +127,7 @@ def test_the_device_limit_is_named_with_a_count_that_works(tmp_path):
 def test_skip_corrupt_records_is_refused_without_tfrecord_data():
     import argparse
 
-    from tfdist.recipes.recipe_runner import check_skip_corrupt_records
+    from tfdist.recipes.preflight import check_skip_corrupt_records
 
     def config(dataset, validation=None):
         return argparse.Namespace(skip_corrupt_records=True, dataset=dataset,
@@ -187,7 +187,7 @@ def test_cluster_resolver_names_match_the_strategy_factory():
     ("default", True),
 ])
 def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refused):
-    from tfdist.recipes.recipe_runner import check_cluster_resolver
+    from tfdist.recipes.preflight import check_cluster_resolver
 
     config = parse(["--strategy", strategy, "--cluster-resolver", "slurm"])
     if refused:
@@ -201,7 +201,7 @@ def test_slurm_resolver_is_refused_with_a_single_machine_strategy(strategy, refu
 
 
 def test_slurm_resolver_is_refused_with_parameter_servers():
-    from tfdist.recipes.recipe_runner import check_cluster_resolver
+    from tfdist.recipes.preflight import check_cluster_resolver
 
     with pytest.raises(ConfigError, match="parameter_server reads its chief, worker and ps "
                                           "tasks from TF_CONFIG only"):
@@ -213,7 +213,7 @@ def test_print_config_shows_both_flags_and_what_gpu_memory_does_here():
     import tensorflow as tf
     import yaml
 
-    from recipe_util import run_recipe
+    from helpers.recipe_util import run_recipe
 
     result = run_recipe("cnn", ["--print-config", "--gpu-memory", "limit:512", "--cluster-resolver",
                                 "slurm", "--strategy", "multi_worker_mirrored"], timeout=180)
@@ -226,7 +226,7 @@ def test_print_config_shows_both_flags_and_what_gpu_memory_does_here():
 
 
 def test_gpu_memory_contradicting_the_environment_is_refused_before_tensorflow(monkeypatch):
-    from tfdist.recipes.recipe_runner import check_before_tensorflow
+    from tfdist.recipes.preflight import check_before_tensorflow
     from tfdist.recipes.transformer import RECIPE
 
     monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "false")
@@ -239,7 +239,7 @@ def test_gpu_memory_contradicting_the_environment_is_refused_before_tensorflow(m
 
 
 def test_slurm_resolver_reaches_the_strategy_factory():
-    from recipe_util import run_recipe
+    from helpers.recipe_util import run_recipe
 
     env = {name: "" for name in ("SLURM_PROCID", "SLURM_JOB_ID")}
     result = run_recipe("transformer", ["--strategy", "multi_worker_mirrored", "--cluster-resolver",

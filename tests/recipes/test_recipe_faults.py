@@ -22,7 +22,8 @@ import yaml
 from helpers.recipe_util import REPO_ROOT, run_recipe
 from tfdist.runtime import exit_codes
 from tfdist.recipes.record import history_entries
-from tfdist.recipes.recipe_runner import _known_fault, _outputs_block, _summary
+from tfdist.recipes.recipe_runner import _known_fault
+from tfdist.recipes.report import error_summary, outputs_block
 from tfdist.runtime.run_lock import LOCK_FILE, ModelDirInUseError, acquire
 
 PROG = "python -m tfdist.recipes.transformer"
@@ -103,7 +104,7 @@ def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
 
     from tfdist.callbacks import BackupAndResume
     from tfdist.runtime.stop_signals import Preempted
-    from tfdist.recipes.recipe_runner import _preempted_line
+    from tfdist.recipes.report import preempted_line
 
     backup_dir = str(tmp_path / "m" / "backup")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -118,16 +119,16 @@ def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
     _, full = _known_fault(PROG, OSError(errno.ENOSPC, "No space left on device"), where)
     assert full.endswith(f"A rerun then resumes from ckpt-1 (global step 2) in {backup_dir}."), full
     stop = Preempted("SIGTERM in epoch 1 after step 1", signal_name="SIGTERM")
-    assert _preempted_line(stop, where) == (
+    assert preempted_line(stop, where) == (
         "Stopped by SIGTERM in epoch 1 after step 1: no backup could be written (the loss was "
         f"not finite); rerunning resumes from the last backup, ckpt-1 (global step 2) in "
         f"{backup_dir}.")
 
 
 def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_path):
-    assert _summary("Graph execution error:\n\nshort one\nsecond") == "short one"
+    assert error_summary("Graph execution error:\n\nshort one\nsecond") == "short one"
     text = "Socket closed by the peer while the collective waited " * 10
-    summary = _summary(text)
+    summary = error_summary(text)
     assert summary.endswith("…") and len(summary) <= 201 and text.startswith(summary[:-1])
     assert text[len(summary) - 1] == " "  # cut before a space, not inside a word
     import tensorflow as tf
@@ -153,7 +154,7 @@ def test_single_machine_strategies_are_the_chief_whatever_tf_config_says(monkeyp
 def test_the_outputs_block_lists_only_what_is_there(tmp_path):
     (tmp_path / "config.yaml").write_text("options: {}\n")
     (tmp_path / "training_log.csv").write_text("epoch\n")
-    block, missing = _outputs_block(str(tmp_path), str(tmp_path / "backup"), None)
+    block, missing = outputs_block(str(tmp_path), str(tmp_path / "backup"), None)
     assert missing == ["tensorboard/", "checkpoints/", "a backup"]
     assert "config.yaml" in block and "training_log.csv" in block
     assert "tensorboard" not in block and "checkpoints" not in block and "backups" not in block

@@ -198,7 +198,7 @@ def _synthetic_tokens(sequence_length, vocab_size, seed):
     import numpy as np
 
     from tfdist.data import NUM_RESERVED, ArraySource
-    from tfdist.recipes.recipe_runner import RecipeData
+    from tfdist.recipes.recipe_types import RecipeData
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(NUM_RESERVED, vocab_size,

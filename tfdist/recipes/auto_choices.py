@@ -22,6 +22,7 @@ Example:
 from tfdist.autotune import DecisionCache, candidate_grid, candidate_precisions
 from tfdist.autotune.cache import RUN_ONLY_OPTIONS
 from tfdist.precision import PrecisionChoice
+from tfdist.recipes.recipe_optimizer import build_recipe_optimizer
 from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
 from tfdist.recipes.record import config_values
 from tfdist.xla import resolve_xla
@@ -73,7 +74,6 @@ def _trial_builder(recipe, config, data, batch_size, total_steps):
     import tensorflow as tf
 
     from tfdist.data import make_dataset_fn
-    from tfdist.recipes.recipe_runner import build_recipe_optimizer  # runner imports this module
     from tfdist.training import Trainer
 
     strategy = tf.distribute.get_strategy()  # the default: one device
@@ -158,21 +158,32 @@ def settle_auto_choices(recipe, config, info, data, *, on_gpu, rules, total_step
         + (f"; {precision_note}" if precision_note else ""))
 
 
-def _auto_choices(recipe, config, on_gpu):
-    """The precision and XLA settings this config resolves to on this machine."""
+def rule_choices(recipe, config, on_gpu):
+    """The precision and XLA settings this config resolves to on this machine.
+
+    Example:
+
+    >>> precision, jit_compile, xla_reason = rule_choices(RECIPE, config, on_gpu=False)
+    """
     from tfdist.precision import resolve_precision
 
     precision = resolve_precision(config.precision)
     jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
     blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
         model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
-    jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
+    jit_compile, xla_reason = respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
     return precision, jit_compile, xla_reason
 
 
-def _respect_xla_blocker(mode, jit_compile, reason, blocker):
+def respect_xla_blocker(mode, jit_compile, reason, blocker):
     """Turns `auto` XLA off, with the reason, for a model that cannot be
-    compiled; `--xla on` for such a model is an error, never a silent change."""
+    compiled; `--xla on` for such a model is an error, never a silent change.
+
+    Example:
+
+    >>> respect_xla_blocker("auto", True, "auto: GPU", "sync BN all-reduces")
+    (False, 'auto: sync BN all-reduces')
+    """
     if blocker is None or not jit_compile:
         return jit_compile, reason
     if mode == "on":

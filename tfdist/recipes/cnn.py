@@ -12,7 +12,8 @@ classes, 32x32, no download) and reaches a validation accuracy far above the
 import sys
 
 from tfdist.recipes.config import Option
-from tfdist.recipes.recipe_runner import Recipe, RecipeData, RecipeModel
+from tfdist.recipes.recipe_runner import Recipe
+from tfdist.recipes.recipe_types import RecipeData, RecipeModel
 
 MODELS = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 

@@ -30,5 +30,11 @@ def build_recipe_optimizer(config, total_steps, built):
 
 
 def optimizer_steps(config, steps_per_epoch):
-    """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps)."""
+    """Optimizer steps of the whole run (micro-batches grouped by --grad-accum-steps).
+
+    Example:
+
+    >>> optimizer_steps(argparse.Namespace(epochs=3, grad_accum_steps=4), 10)
+    8
+    """
     return math.ceil(steps_per_epoch * config.epochs / config.grad_accum_steps)

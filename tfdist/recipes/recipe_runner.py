@@ -25,24 +25,20 @@ from typing import Callable
 
 from tfdist.runtime import exit_codes
 from tfdist.runtime.gpu_memory import gpu_memory_notice, parse_gpu_memory
-from tfdist.recipes.auto_choices import (_auto_choices, _respect_xla_blocker,
-                                         parameter_server_xla_blocker, settle_auto_choices)
+from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settle_auto_choices
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
-from tfdist.recipes.preflight import (check_before_tensorflow, check_cluster_resolver,
-                                      check_output_folders, check_skip_corrupt_records,
-                                      check_warmup)
+from tfdist.recipes.preflight import check_before_tensorflow, check_warmup
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_steps
-from tfdist.recipes.recipe_types import RecipeData, RecipeModel
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
                                    read_record, render_record, settle_record, write_record,
                                    writer_of_backup)
-from tfdist.recipes.report import (SUMMARY_LENGTH, _backup_name, _environment_errno,
-                                   _environment_line, _final_block, _finished_anyway_line,
-                                   _gpu_memory_line, _interrupted_line, _missing_outputs_line,
-                                   _newest_backup, _outputs_block, _preempted_line,
-                                   _save_full_error, _skipped_line, _start_block, _summary)
+from tfdist.recipes.report import (backup_name, environment_errno,
+                                   environment_line, final_block, finished_anyway_line,
+                                   gpu_memory_line, interrupted_line, missing_outputs_line,
+                                   newest_backup, outputs_block, preempted_line,
+                                   save_full_error, skipped_line, start_block, error_summary)
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 
 # Kept as names for callers; the table with every code and its meaning is tfdist.runtime.exit_codes.
@@ -85,6 +81,13 @@ class Recipe:
             dataset), so that a warmup longer than the run is refused before
             TensorFlow starts.
         epilog: text after the flags in `--help`.
+
+    Example:
+
+    >>> RECIPE = Recipe(name="transformer", description="...", options=[], defaults={},
+    ...                 build_data=build_data, build_model=build_model)
+    >>> RECIPE.main(["--epochs", "1"])  # doctest: +SKIP
+    0
     """
 
     name: str
@@ -171,19 +174,19 @@ def run_recipe(recipe, argv=None):
         _leave_together(where)
         return code
     except KeyboardInterrupt:
-        code, line = exit_codes.INTERRUPTED, _interrupted_line()
+        code, line = exit_codes.INTERRUPTED, interrupted_line()
     except Preempted as stop:
         history = where.get("history")
         if history is not None and stop.backup is not None:
             history.note_backup(stop.backup.path)
-        code, line = PREEMPTED_EXIT_CODE, _preempted_line(stop, where)
+        code, line = PREEMPTED_EXIT_CODE, preempted_line(stop, where)
         where["stopped_together"] = True
     except Exception as error:  # noqa: BLE001 - re-raised unless it is one of the known faults
         try:
             code, line = _known_fault(prog, error, where)
         except BaseException:
             _end_run(where, exit_codes.FAILED, f"failed: {type(error).__name__}: "
-                                               f"{_summary(str(error))}")
+                                               f"{error_summary(str(error))}")
             raise
     print(line, file=sys.stderr, flush=True)
     _end_run(where, code, line.removeprefix(f"{prog}: "))
@@ -214,15 +217,15 @@ def _known_fault(prog, error, where):
     if name == "StrategyStartupError":
         return _cluster_lost(prog, error, where, "the cluster did not form")
     if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
-        return exit_codes.BAD_INPUT, _environment_line(prog, error, where)
+        return exit_codes.BAD_INPUT, environment_line(prog, error, where)
     if isinstance(error, (ValueError, RuntimeError, FileNotFoundError)):
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
         return exit_codes.BAD_INPUT, f"{prog}: error: {name}: {error}"
     if "tensorflow" in type(error).__module__:
-        fault = _environment_errno(error)
+        fault = environment_errno(error)
         if fault is not None:
-            return exit_codes.BAD_INPUT, _environment_line(prog, error, where, fault)
+            return exit_codes.BAD_INPUT, environment_line(prog, error, where, fault)
         if name in _CLUSTER_ERRORS:
             return _cluster_lost(prog, error, where, "a peer was lost")
     raise error
@@ -236,7 +239,7 @@ def _end_run(where, code, outcome):
         return
     try:
         history.finish(outcome, code)
-        newest = _newest_backup(where.get("backup_dir"))
+        newest = newest_backup(where.get("backup_dir"))
         if newest is not None:
             settle_record(where["model_dir"], newest.path)
     except OSError as error:  # the fault being reported may be this very disk
@@ -248,13 +251,13 @@ def _cluster_lost(prog, error, where, what):
     if os.environ.get("TFDIST_TRACEBACK"):
         raise error
     text = str(getattr(error, "message", error))
-    summary = _summary(text)
-    full = _save_full_error(error, where) if summary != text.strip() else None
-    backup = _newest_backup(where.get("backup_dir"))
+    summary = error_summary(text)
+    full = save_full_error(error, where) if summary != text.strip() else None
+    backup = newest_backup(where.get("backup_dir"))
     retry = f"a cluster manager retries exit {CLUSTER_LOST_EXIT_CODE}"
     if backup:
         resume = (f"; run the same command again ({retry}) to resume from the last backup in "
-                  f"{where['backup_dir']} ({_backup_name(backup)})")
+                  f"{where['backup_dir']} ({backup_name(backup)})")
     elif where.get("backup_dir"):
         resume = (f"; run the same command again ({retry}); no backup in "
                   f"{where['backup_dir']} yet, so it starts over")
@@ -274,10 +277,10 @@ def _print_config(recipe, config):
     from tfdist.distribute.devices import gpu_count
 
     gpus = gpu_count()
-    precision, jit_compile, xla_reason = _auto_choices(recipe, config, on_gpu=gpus > 0)
+    precision, jit_compile, xla_reason = rule_choices(recipe, config, on_gpu=gpus > 0)
     resolved = {"precision": precision.policy, "precision_reason": precision.reason,
                 "xla": jit_compile, "xla_reason": xla_reason,
-                "gpu_memory": _gpu_memory_line(config, gpus)}
+                "gpu_memory": gpu_memory_line(config, gpus)}
     if config.autotune != "off" and "auto" in (config.precision, config.xla):
         resolved["autotune"] = (f"{config.autotune}: at start-up a trial on the model (or its "
                                 "cached decision) may replace the rules' precision and XLA above")
@@ -381,7 +384,7 @@ def _train(recipe, config, where):
     total_steps = optimizer_steps(config, steps_per_epoch)
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
         recipe, config, info, data, on_gpu=gpus > 0,
-        rules=_auto_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
+        rules=rule_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
     keras.mixed_precision.set_global_policy(precision.policy)
     keras.utils.set_random_seed(config.seed)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
@@ -394,7 +397,7 @@ def _train(recipe, config, where):
 
     with strategy.scope():
         built = recipe.build_model(config, data)
-        jit_compile, xla_reason = _respect_xla_blocker(config.xla, jit_compile, xla_reason,
+        jit_compile, xla_reason = respect_xla_blocker(config.xla, jit_compile, xla_reason,
                                                        built.xla_blocker)
         optimizer = build_recipe_optimizer(config, total_steps, built)
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
@@ -408,7 +411,7 @@ def _train(recipe, config, where):
     resolved = {
         "strategy": info.name, "replicas": info.num_replicas, "workers": info.num_workers,
         "precision": precision.policy, "precision_reason": precision.reason,
-        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": _gpu_memory_line(config, gpus),
+        "xla": jit_compile, "xla_reason": xla_reason, "gpu_memory": gpu_memory_line(config, gpus),
         "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
@@ -416,7 +419,7 @@ def _train(recipe, config, where):
     resuming = resumed_from is not None
     if config.model_dir and info.is_chief:
         _record_run(recipe, config, resolved, resumed_from, where)
-    say(_start_block(config, info, precision, jit_compile, xla_reason, data, built,
+    say(start_block(config, info, precision, jit_compile, xla_reason, data, built,
                      steps_per_epoch, resolved["gpu_memory"] if gpus else None,
                      autotune_summary))
     if trainer.stage_plan is not None:
@@ -459,25 +462,25 @@ def _train(recipe, config, where):
         # TensorFlow names the byte offset of a damaged record, not its file.
         from tfdist.data import explain_data_loss
         raise explain_data_loss(error, [data.train, data.validation]) from error
-    say(_final_block(history, data, meter.summary))
+    say(final_block(history, data, meter.summary))
     if getattr(trainer, "worker_steps", None):
         say("  steps per worker  " + ", ".join(
             f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
     if config.skip_corrupt_records:
-        say(_skipped_line([data.train, data.validation], info.num_workers))
+        say(skipped_line([data.train, data.validation], info.num_workers))
     if config.model_dir and info.is_chief:
-        block, missing = _outputs_block(config.model_dir, backup_dir, config.profile_steps)
+        block, missing = outputs_block(config.model_dir, backup_dir, config.profile_steps)
         print(block)
         if missing:
             where["outcome"] = f"finished without writing {', '.join(missing)}"
-            print(_missing_outputs_line(recipe, config.model_dir, missing), file=sys.stderr,
+            print(missing_outputs_line(recipe, config.model_dir, missing), file=sys.stderr,
                   flush=True)
             return exit_codes.FAILED
     # A SIGTERM/SIGINT taken at the last step, or still pending (it came later).
     late = getattr(guard, "signal_after_last_step", None) or signals.pending()
     if late:
         where["outcome"] = f"finished; {late} arrived after the last training step"
-        print(_finished_anyway_line(late), file=sys.stderr, flush=True)
+        print(finished_anyway_line(late), file=sys.stderr, flush=True)
     return exit_codes.FINISHED
 
 

@@ -24,6 +24,11 @@ class RecipeData:
         chance: a dict of metric name to its chance-level value, printed
             beside the final figures so a reader sees what was learned.
         info: anything the model builder needs (vocabulary size, classes...).
+
+    Example:
+
+    >>> RecipeData(train=source, validation=None, description=source.describe()).chance
+    {}
     """
 
     train: object
@@ -50,6 +55,11 @@ class RecipeModel:
         xla_blocker: why the replica step of this model cannot be compiled
             with XLA (e.g. a cross-replica collective inside the model), or
             None when it can.
+
+    Example:
+
+    >>> RecipeModel(model=model, loss="mse", metrics=[], description="a test model").xla_blocker is None
+    True
     """
 
     model: object

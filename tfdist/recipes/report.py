@@ -25,12 +25,12 @@ SUMMARY_LENGTH = 200
 """Characters of a TensorFlow error quoted in a one-line stop message (cut at a word)."""
 
 
-def _summary(text, limit=SUMMARY_LENGTH):
+def error_summary(text, limit=SUMMARY_LENGTH):
     """The first meaningful line of an error, cut at a word boundary with "…".
 
     Example:
 
-    >>> _summary("Graph execution error:\n\n" + "Connection reset by peer " * 3, 30)
+    >>> error_summary("Graph execution error:\n\n" + "Connection reset by peer " * 3, 30)
     'Connection reset by peer…'
     """
     lines = [line.strip() for line in text.splitlines()
@@ -42,24 +42,36 @@ def _summary(text, limit=SUMMARY_LENGTH):
     return (cut or first[:limit]) + "…"
 
 
-def _environment_errno(error):
-    """The errno a TensorFlow file error stands for (disk full, read-only...), or None."""
+def environment_errno(error):
+    """The errno a TensorFlow file error stands for (disk full, read-only...), or None.
+
+    Example:
+
+    >>> environment_errno(OSError("No space left on device")) == errno.ENOSPC
+    True
+    """
     text = str(getattr(error, "message", error))
     return next((number for phrase, number in _ENVIRONMENT_FAULTS.items() if phrase in text),
                 None)
 
 
-def _environment_line(prog, error, where, number=None):
-    """One line for a fault of the machine (disk, permissions), naming the file and the way out."""
-    backup = _resume_target(where)
+def environment_line(prog, error, where, number=None):
+    """One line for a fault of the machine (disk, permissions), naming the file and the way out.
+
+    Example:
+
+    >>> environment_line("prog", PermissionError(13, "Permission denied", "/ro/x"), {})[:41]
+    'prog: error: cannot write /ro/x: Permissi'
+    """
+    backup = resume_target(where)
     resume = f" A rerun then resumes from {backup}." if backup else ""
     if type(error).__module__.startswith("tfdist"):  # tfdist's own errors (BackupWriteError) say it all
         return f"{prog}: error: {type(error).__name__}: {error}{resume}"
     number = number if number is not None else (getattr(error, "errno", None)
-                                                 or _environment_errno(error))
+                                                 or environment_errno(error))
     path = getattr(error, "filename", None)
     text = (error.strerror if getattr(error, "strerror", None)
-            else _summary(str(getattr(error, "message", error))))
+            else error_summary(str(getattr(error, "message", error))))
     if number in (errno.ENOSPC, errno.EDQUOT):
         advice = ("The disk is full: free space there (a backup needs about the size of the "
                   "last one), or use a --model-dir on a larger disk, and rerun." + resume)
@@ -73,8 +85,14 @@ def _environment_line(prog, error, where, number=None):
     return f"{prog}: error: cannot write{f' {path}' if path else ''}: {text}. {advice}"
 
 
-def _newest_backup(backup_dir):
-    """The newest readable backup in `backup_dir` (None without TensorFlow or backups)."""
+def newest_backup(backup_dir):
+    """The newest readable backup in `backup_dir` (None without TensorFlow or backups).
+
+    Example:
+
+    >>> newest_backup(None) is None
+    True
+    """
     if not backup_dir or "tensorflow" not in sys.modules:
         return None
     from tfdist.callbacks import latest_backup
@@ -92,19 +110,37 @@ def _describe_backup(info):
     return describe_backup(info)
 
 
-def _backup_name(info):
-    """`ckpt-N, global step S` for a BackupInfo, for lines that name its folder already."""
+def backup_name(info):
+    """`ckpt-N, global step S` for a BackupInfo, for lines that name its folder already.
+
+    Example:
+
+    >>> backup_name(types.SimpleNamespace(path="run/backup/ckpt-3", global_step=30))
+    'ckpt-3, global step 30'
+    """
     return f"{os.path.basename(info.path)}, global step {info.global_step}"
 
 
-def _resume_target(where):
-    """The backup a rerun resumes from, described, or None."""
-    info = _newest_backup(where.get("backup_dir"))
+def resume_target(where):
+    """The backup a rerun resumes from, described, or None.
+
+    Example:
+
+    >>> resume_target({"backup_dir": None}) is None
+    True
+    """
+    info = newest_backup(where.get("backup_dir"))
     return _describe_backup(info) if info is not None else None
 
 
-def _save_full_error(error, where):
-    """Writes the full text of `error` to a file and returns its path (None if it cannot)."""
+def save_full_error(error, where):
+    """Writes the full text of `error` to a file and returns its path (None if it cannot).
+
+    Example:
+
+    >>> save_full_error(ValueError("long text"), {"model_dir": "runs/a"})  # doctest: +SKIP
+    'runs/a/errors/20260101-120000-host-123.txt'
+    """
     folder = (os.path.join(where["model_dir"], "errors") if where.get("model_dir")
               else tempfile.gettempdir())
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}-{os.getpid()}.txt"
@@ -119,14 +155,30 @@ def _save_full_error(error, where):
     return path
 
 
-def _gpu_memory_line(config, gpus):
-    """What `--gpu-memory` does with `gpus` GPUs, for the record and the start block."""
+def gpu_memory_line(config, gpus):
+    """What `--gpu-memory` does with `gpus` GPUs, for the record and the start block.
+
+    Example:
+
+    >>> gpu_memory_line(config, gpus=0)  # doctest: +SKIP
+    'grow (no GPU here)'
+    """
     note = check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
     return describe_gpu_memory(config.gpu_memory, gpus, note)
 
 
-def _start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
+def start_block(config, info, precision, jit_compile, xla_reason, data, built, steps_per_epoch,
                  gpu_memory=None, autotune=None):
+    """The block the chief prints before training: strategy, devices, batch,
+    precision, XLA, data, model, optimizer and schedule, one line each.
+
+    Example:
+
+    >>> print(start_block(config, info, precision, False, "off", data, built, 100))  # doctest: +SKIP
+    tfdist run
+      strategy      one_device: 1 replica(s) on 1 worker(s)
+    ...
+    """
     per_replica = config.global_batch_size // info.num_replicas
     placement = f"{info.num_replicas} replica(s) on {info.num_workers} worker(s)"
     if info.name == "parameter_server":
@@ -165,8 +217,16 @@ def _start_block(config, info, precision, jit_compile, xla_reason, data, built, 
     return "\n".join(lines)
 
 
-def _final_block(history, data, speed):
-    """Model metrics (first epoch -> last, beside chance), then the speed figures."""
+def final_block(history, data, speed):
+    """Model metrics (first epoch -> last, beside chance), then the speed figures.
+
+    Example:
+
+    >>> print(final_block(history, data, meter.summary))  # doctest: +SKIP
+    Results (first epoch -> last):
+      loss             2.0794 -> 0.3120  (chance: 2.0794)
+    ...
+    """
     from tfdist.callbacks import format_summary
     from tfdist.callbacks.progress import model_metrics
 
@@ -182,8 +242,14 @@ def _final_block(history, data, speed):
     return "\n".join(lines)
 
 
-def _skipped_line(sources, num_workers):
-    """What --skip-corrupt-records skipped in the files this process read."""
+def skipped_line(sources, num_workers):
+    """What --skip-corrupt-records skipped in the files this process read.
+
+    Example:
+
+    >>> skipped_line([], num_workers=1)
+    'Corrupt TFRecord data skipped (--skip-corrupt-records): none'
+    """
     logs = [source.skipped for source in sources if getattr(source, "skipped", None) is not None]
     damaged = {damage.path: damage for log in logs for damage in log.files}
     summary = "; ".join(log.summary() for log in logs if log.files) if damaged else "none"
@@ -193,11 +259,16 @@ def _skipped_line(sources, num_workers):
     return f"Corrupt TFRecord data skipped (--skip-corrupt-records): {summary}"
 
 
-def _outputs_block(model_dir, backup_dir, profile_steps):
+def outputs_block(model_dir, backup_dir, profile_steps):
     """Where the run's outputs went, and how to look at them: only what is there.
 
     Returns:
         (text, missing): the block, and the announced outputs not found.
+
+    Example:
+
+    >>> outputs_block("runs/a", None, None)[1]  # an empty folder: nothing was written
+    ['config.yaml', 'training_log.csv', 'tensorboard/', 'checkpoints/']
     """
     tensorboard = os.path.join(model_dir, "tensorboard")
     checkpoints = os.path.join(model_dir, "checkpoints")
@@ -214,17 +285,23 @@ def _outputs_block(model_dir, backup_dir, profile_steps):
          "  checkpoints/       weights at each epoch end"),
     ]
     if backup_dir:
-        backup = _newest_backup(backup_dir)
+        backup = newest_backup(backup_dir)
         announced.append(("a backup", backup is not None,
                           f"  backups            {backup_dir} (rerun the same command to resume "
-                          f"from {_backup_name(backup) if backup else 'it'})"))
+                          f"from {backup_name(backup) if backup else 'it'})"))
     lines = [f"Outputs in {model_dir}:"] + [line for _, there, line in announced if there]
     return "\n".join(lines), [name for name, there, _ in announced if not there]
 
 
-def _preempted_line(stop, where):
+def preempted_line(stop, where):
     """The one line a SIGTERM/SIGINT stop prints: where, the backup written (its
-    name and global step) and how to resume from it."""
+    name and global step) and how to resume from it.
+
+    Example:
+
+    >>> preempted_line(Preempted("SIGTERM"), {})[:22]  # doctest: +SKIP
+    'Stopped by SIGTERM: no'
+    """
     stopped = f"Stopped by {stop}"
     if stop.backup is not None:
         name = os.path.basename(stop.backup.path)
@@ -233,7 +310,7 @@ def _preempted_line(stop, where):
         return (f"{stopped}: backup written at global step {stop.backup.global_step} in "
                 f"{where.get('backup_dir')} {written}. Rerun the same command to resume from it.")
     if where.get("backup_dir"):
-        backup = _resume_target(where)
+        backup = resume_target(where)
         return (f"{stopped}: no backup could be written (the loss was not finite); rerunning "
                 + (f"resumes from the last backup, {backup}." if backup
                    else f"starts over: there is no backup in {where['backup_dir']}."))
@@ -241,20 +318,38 @@ def _preempted_line(stop, where):
             "resumable); rerunning starts over.")
 
 
-def _interrupted_line():
+def interrupted_line():
     """The one line Ctrl-C prints before training is set up (once it is, SIGINT
-    waits for a step boundary and stops like a preemption)."""
+    waits for a step boundary and stops like a preemption).
+
+    Example:
+
+    >>> interrupted_line()
+    'Interrupted before training started: nothing was trained or saved.'
+    """
     return "Interrupted before training started: nothing was trained or saved."
 
 
-def _finished_anyway_line(signal_name):
-    """The line for a stop signal that arrived after the last training step."""
+def finished_anyway_line(signal_name):
+    """The line for a stop signal that arrived after the last training step.
+
+    Example:
+
+    >>> finished_anyway_line("SIGTERM")[:45]
+    'SIGTERM arrived after the last training step:'
+    """
     return (f"{signal_name} arrived after the last training step: the run had finished, so "
             "there is nothing to resume (exit 0).")
 
 
-def _missing_outputs_line(recipe, model_dir, missing):
-    """The line for outputs the run announced but did not write."""
+def missing_outputs_line(recipe, model_dir, missing):
+    """The line for outputs the run announced but did not write.
+
+    Example:
+
+    >>> missing_outputs_line(RECIPE, "runs/a", ["config.yaml"])[:44]  # doctest: +SKIP
+    'python -m tfdist.recipes.transformer: error:'
+    """
     return (f"python -m tfdist.recipes.{recipe.name}: error: the run finished but did not write "
             f"{', '.join(missing)} in {model_dir}; check that the folder is writable and has "
             f"space, and that TF_CONFIG does not make this run a non-chief worker "

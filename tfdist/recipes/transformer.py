@@ -12,7 +12,8 @@ level and the token accuracy rises far above it within the default run.
 import sys
 
 from tfdist.recipes.config import Option
-from tfdist.recipes.recipe_runner import Recipe, RecipeData, RecipeModel
+from tfdist.recipes.recipe_runner import Recipe
+from tfdist.recipes.recipe_types import RecipeData, RecipeModel
 
 MODEL_SIZES = ("tiny", "small", "base", "large")
 
