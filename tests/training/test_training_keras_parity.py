@@ -49,10 +49,10 @@ def test_an_unchanged_model_keeps_its_step_functions():
     arguments.update(epochs=1, validation_split=0.0)
     trainer = Trainer(model)
     trainer.fit(verbose=0, **arguments)
-    steps = trainer._steps
+    steps = trainer.step_functions
     trainer.fit(verbose=0, **arguments)
     trainer.evaluate(arguments["x"], arguments["y"], verbose=0)
-    assert trainer._steps is steps
+    assert trainer.step_functions is steps
 
 
 def test_a_new_compile_brings_its_settings_and_trainer_arguments_still_win():

@@ -205,7 +205,7 @@ def _profile_one_step(trainer, iterator, num_stages):
     try:
         tf.profiler.experimental.start(folder)
         try:
-            trainer._steps.train_function(iterator, tf.constant(1, tf.int32))
+            trainer.step_functions.train_function(iterator, tf.constant(1, tf.int32))
         finally:
             tf.profiler.experimental.stop()
         return stage_activity(read_xspace(find_xspace(folder)), num_stages)
@@ -252,14 +252,15 @@ def run_model_parallel_bench(size="tiny", batch=32, micro_batches=4, steps=10, r
         data = _dataset(batch, sequence_length, vocab_size, seed)
         trainer.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0)  # traces, builds
         iterator = iter(trainer.strategy.experimental_distribute_dataset(data))
-        trainer._steps.train_function(iterator, tf.constant(1, tf.int32))
+        trainer.step_functions.train_function(iterator, tf.constant(1, tf.int32))
         contenders.append({"label": label, "k": k, "m": m, "trainer": trainer,
                            "iterator": iterator, "times": []})
         say(f"  built {label} (K={k}, M={m})")
     for round_index in range(rounds):
         order = contenders if round_index % 2 == 0 else contenders[::-1]
         for contender in order:
-            function, iterator = contender["trainer"]._steps.train_function, contender["iterator"]
+            function = contender["trainer"].step_functions.train_function
+            iterator = contender["iterator"]
             for _ in range(steps):
                 start = time.perf_counter()
                 function(iterator, tf.constant(1, tf.int32))

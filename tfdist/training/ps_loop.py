@@ -43,14 +43,17 @@ What asynchronous training changes, and how tfdist handles it:
 
 import collections
 import logging
+import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
 
+from tfdist.seam import (default_strategy, model_compile_loss, model_initial_epoch,
+                         optimizer_iterations_variable, strategy_cluster_resolver)
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.inputs import unpack
+from tfdist.training.loop import end_epoch, run_evaluation
 from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.optimizer import gradients_already_summed, optimizer_chain
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
@@ -64,6 +67,8 @@ STEPS_IN_FLIGHT_PER_WORKER = 2
 _LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
                 tf.errors.DeadlineExceededError)
 _COORDINATORS = {}
+_CHIEF_STEPS = weakref.WeakKeyDictionary()
+"""The step functions each `Trainer` runs on the chief alone, by trainer and mode."""
 
 
 class ParameterServerLostError(RuntimeError):
@@ -148,8 +153,7 @@ def cluster_spec(strategy):
     >>> cluster_spec(strategy)["ps"]
     ['127.0.0.1:2224']
     """
-    resolver = (getattr(strategy, "cluster_resolver", None)
-                or getattr(strategy, "_cluster_resolver", None))
+    resolver = strategy_cluster_resolver(strategy)
     return resolver.cluster_spec().as_dict()
 
 
@@ -179,7 +183,7 @@ def variable_bytes_by_ps_task(model, optimizer=None):
 
 
 class _SpecOnly:
-    """What `Trainer._prepare` reads of a dataset: its element spec."""
+    """What `Trainer.prepare` reads of a dataset: its element spec."""
 
     def __init__(self, element_spec):
         self.element_spec = element_spec
@@ -201,7 +205,7 @@ class WorkerSteps:
 
     Example:
 
-    >>> steps = WorkerSteps(trainer._steps, strategy)
+    >>> steps = WorkerSteps(trainer.step_functions, strategy)
     >>> remote = coordinator.schedule(steps.function, args=(iterator, tf.constant(1)))
     """
 
@@ -265,8 +269,8 @@ class atomic_iterations:  # noqa: N801 (a context manager, named like one)
     """
 
     def __init__(self, optimizer):
-        self.variables = [opt._iterations for opt in optimizer_chain(optimizer)
-                          if getattr(opt, "_iterations", None) is not None]
+        self.variables = [optimizer_iterations_variable(opt) for opt in optimizer_chain(optimizer)
+                          if optimizer_iterations_variable(opt) is not None]
 
     def __enter__(self):
         for variable in self.variables:
@@ -320,7 +324,7 @@ class ParameterServerFit:
                 "own repeated dataset, so an epoch is a number of steps, not a pass over the "
                 "data. Pass steps_per_epoch= (e.g. examples // global batch size).")
         per_worker_fn, spec = _per_worker_input(x, self.num_workers, "x")
-        engine = trainer._prepare(_SpecOnly(spec), mode="train")
+        engine = trainer.prepare(_SpecOnly(spec), mode="train")
         worker_steps = WorkerSteps(engine, self.strategy)
         evaluation = None
         if validation_data is not None:
@@ -356,13 +360,12 @@ class ParameterServerFit:
                 validation_steps, validation_freq, callback_list, initial_epoch, position):
         trainer, model = self.trainer, self.trainer.model
         callback_list.on_train_begin()
-        requested = position.requested
-        position._started = True
+        requested = position.start()
         first_step = 0
         if requested is not None:
             initial_epoch, first_step = requested.epoch, requested.step
         else:
-            initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+            initial_epoch = model_initial_epoch(model) or initial_epoch
         logs = None
         for epoch in range(initial_epoch, epochs):
             model.reset_metrics()
@@ -377,9 +380,9 @@ class ParameterServerFit:
             position.iterator_continues = True
             evaluate = None if evaluation is None else (
                 lambda: evaluate_on_chief(trainer, evaluation, validation_steps, callback_list))
-            logs = trainer._end_epoch(
+            logs = end_epoch(
                 epoch, _results(model, worker_steps.metric_variables, totals), evaluate,
-                validation_freq, callback_list)
+                validation_freq, callback_list, trainer.optimizer)
             if model.stop_training:
                 break
         return logs
@@ -434,14 +437,8 @@ def evaluate_on_chief(trainer, data, steps, callback_list):
     {'loss': 1.9, 'accuracy': 0.41}
     """
     functions = _chief_steps(trainer, data, mode="test")
-    trainer.model.reset_metrics()
-    callback_list.on_test_begin()
-    from tfdist.training.trainer import _pythonify
-    logs, _ = trainer._run_batches(functions.test_function, iter(data), steps, callback_list,
-                                   "test")
-    logs = _pythonify(logs if logs is not None else trainer.model.get_metrics_result())
-    callback_list.on_test_end(logs)
-    return logs
+    return run_evaluation(trainer.model, functions.test_function, data, steps, callback_list,
+                          steps_per_execution=trainer.steps_per_execution)
 
 
 def evaluate(trainer, x, *, verbose, steps, callbacks):
@@ -470,17 +467,18 @@ def predict_batches(trainer, x):
 
 def _chief_steps(trainer, data, mode):
     """Step functions that run on the chief alone (the default strategy)."""
-    key = "_ps_chief_steps" if mode != "predict" else "_ps_chief_predict_steps"
-    functions = getattr(trainer, key, None)
+    key = "predict" if mode == "predict" else "test"
+    by_mode = _CHIEF_STEPS.setdefault(trainer, {})
+    functions = by_mode.get(key)
     if functions is None:
-        trainer._prepare(_SpecOnly(data.element_spec), mode=mode)
-        compile_loss = trainer.model._compile_loss if mode != "predict" else None
+        trainer.prepare(_SpecOnly(data.element_spec), mode=mode)
+        compile_loss = model_compile_loss(trainer.model) if mode != "predict" else None
         functions = StepFunctions(
             trainer.model, trainer.optimizer,
             GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
-            distribute_lib._get_default_strategy(), jit_compile=trainer.jit_compile,
+            default_strategy(), jit_compile=trainer.jit_compile,
             grad_accum_steps=1, clip_norm=None, custom_loss="compute_loss" in trainer.hooks)
-        setattr(trainer, key, functions)
+        by_mode[key] = functions
     return functions
 
 

@@ -64,8 +64,8 @@ class FitPosition:
       partial accumulation).
 
     `tfdist.callbacks.backup.BackupAndResume` drives it; a callback that
-    resumes training with `keras.Model.fit` can only set
-    `model._initial_epoch` and restart the epoch.
+    resumes training with `keras.Model.fit` can only set the model's initial
+    epoch (`tfdist.seam.set_model_initial_epoch`) and restart the epoch.
 
     Args:
         steps_per_epoch: the `fit` argument (None: one pass over the data
@@ -142,13 +142,26 @@ class FitPosition:
         """
         return True if self._update_boundary is None else bool(self._update_boundary())
 
+    def start(self):
+        """Marks training as started (from now on `resume_at` is refused) and
+        returns the `ResumePoint` a callback asked for, or None.
+
+        The training loop calls it after `on_train_begin`.
+
+        Example:
+
+        >>> requested = position.start()
+        """
+        self._started = True
+        return self.requested
+
     def resume_at(self, epoch, step, iterator_batches, iterator_index=0):
         """Asks `fit` to start at `epoch`, after `step` batches of it, with
         `iterator_batches` batches already drawn from its data iterator, the
         `iterator_index`-th of training.
 
         Call it from a callback's `on_train_begin`; it overrides `fit`'s
-        `initial_epoch` and `model._initial_epoch`.
+        `initial_epoch` and the model's (`tfdist.seam.model_initial_epoch`).
 
         Args:
             epoch: the epoch index to start in (an int >= 0).

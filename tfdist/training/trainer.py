@@ -5,17 +5,19 @@ step lives in `tfdist.training.step`.
 """
 
 import collections
-import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.seam import join_predicted_batches, metrics_in_keras_order
+from tfdist.seam import (join_predicted_batches, metrics_in_keras_order, model_compile_config,
+                         model_compile_loss, model_initial_epoch, model_strategy,
+                         optimizer_trainable_variables, symbolic_build)
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.compiled import check_hooks, compile_model
 from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_spec,
                                     training_inputs, unpack)
+from tfdist.training.loop import end_epoch, pythonify, run_batches, run_evaluation
 from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
@@ -227,6 +229,19 @@ class Trainer:
         `LossScaleOptimizer` wrapping yours under `mixed_float16`)."""
         return self.model.optimizer
 
+    @property
+    def step_functions(self):
+        """The step functions `fit` and `evaluate` run (a step kind, see
+        `tfdist.training.step_kinds`), or None before they are built (or after
+        the model changed, until the next `fit` / `evaluate` builds them again).
+
+        Example:
+
+        >>> trainer.fit(dataset, epochs=1)
+        >>> ran, logs = trainer.step_functions.train_function(iterator, tf.constant(1))
+        """
+        return self._steps
+
     # ------------------------------------------------------------------ API
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
@@ -308,9 +323,9 @@ class Trainer:
         data = distribute(self.strategy, train, "x")
         val_data = (None if validation is None
                     else distribute(self.strategy, validation, "validation_data"))
-        steps = self._prepare(data, mode="train")
+        steps = self.prepare(data, mode="train")
         if val_data is not None:
-            self._prepare(val_data, mode="test")
+            self.prepare(val_data, mode="test")
         callback_list = make_callback_list(
             callbacks, self.model, self.strategy, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch, add_history=True)
@@ -366,11 +381,12 @@ class Trainer:
         else:
             data = distribute(self.strategy, evaluation_inputs(
                 x, y, batch_size=batch_size, sample_weight=sample_weight), "x")
-            self._prepare(data, mode="test")
+            self.prepare(data, mode="test")
             callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                                verbose=verbose, epochs=1, steps=steps,
                                                add_history=False)
-            logs = self._evaluate_data(data, steps, callback_list)
+            logs = run_evaluation(self.model, self._steps.test_function, data, steps,
+                                  callback_list, steps_per_execution=self.steps_per_execution)
         if return_dict:
             return logs
         return metrics_in_keras_order(self.model, logs)
@@ -410,7 +426,7 @@ class Trainer:
         else:
             data = distribute(self.strategy, evaluation_inputs(x, None, batch_size=batch_size,
                                                                sample_weight=None), "x")
-            predict_function = self._prepare(data, mode="predict").predict_function
+            predict_function = self.prepare(data, mode="predict").predict_function
         callback_list = make_callback_list(callbacks, self.model, self.strategy,
                                            verbose=verbose, epochs=1, steps=steps,
                                            add_history=False)
@@ -433,13 +449,12 @@ class Trainer:
                     validation_freq, callback_list, initial_epoch, position):
         """The epoch loop of `fit`; returns `(last epoch logs, first epoch run)`."""
         callback_list.on_train_begin()
-        requested = position.requested
-        position._started = True
+        requested = position.start()
         if requested is not None:
             initial_epoch = requested.epoch
             self._reset_accumulation()
         else:
-            initial_epoch = getattr(self.model, "_initial_epoch", None) or initial_epoch
+            initial_epoch = model_initial_epoch(self.model) or initial_epoch
         iterator = None
         training_logs = None
         for epoch in range(initial_epoch, epochs):
@@ -461,33 +476,26 @@ class Trainer:
                 self._skip_batches(steps.skip_function, iterator, requested.iterator_batches)
                 position.step = first_step
                 position.iterator_batches = requested.iterator_batches
-            logs, exhausted = self._run_batches(steps.train_function, iterator,
-                                                steps_per_epoch, callback_list, "train",
-                                                first_step=first_step, position=position)
+            logs, exhausted = run_batches(steps.train_function, iterator, steps_per_epoch,
+                                          callback_list, "train", model=self.model,
+                                          steps_per_execution=self.steps_per_execution,
+                                          first_step=first_step, position=position)
             if exhausted:
                 iterator = None  # the next epoch starts a new pass over the data
             position.epoch_finished = True
             position.iterator_continues = iterator is not None and steps_per_epoch is not None
-            epoch_logs = dict(logs if logs is not None else self._metric_logs())
+            epoch_logs = dict(logs if logs is not None
+                              else pythonify(self.model.get_metrics_result()))
             evaluate = None if val_data is None else (
-                lambda: self._evaluate_data(val_data, validation_steps, callback_list))
-            training_logs = self._end_epoch(epoch, epoch_logs, evaluate, validation_freq,
-                                            callback_list)
+                lambda: run_evaluation(self.model, self._steps.test_function, val_data,
+                                       validation_steps, callback_list,
+                                       steps_per_execution=self.steps_per_execution))
+            training_logs = end_epoch(epoch, epoch_logs, evaluate, validation_freq,
+                                      callback_list, self.optimizer)
             if self.model.stop_training:
                 break
         return training_logs, initial_epoch
 
-    def _end_epoch(self, epoch, epoch_logs, evaluate, validation_freq, callback_list):
-        """Adds the validation logs (`evaluate()` every `validation_freq` epochs; None:
-        no validation) and the learning rate to `epoch_logs`, calls `on_epoch_end`,
-        and returns the logs."""
-        if evaluate is not None and (epoch + 1) % validation_freq == 0:
-            epoch_logs.update({f"val_{name}": value for name, value in evaluate().items()})
-        learning_rate = _current_learning_rate(self.optimizer)
-        if learning_rate is not None:
-            epoch_logs.setdefault("learning_rate", learning_rate)
-        callback_list.on_epoch_end(epoch, epoch_logs)
-        return epoch_logs
 
     def _skip_batches(self, skip_function, iterator, count):
         """Draws and discards `count` batches (resuming at a data position)."""
@@ -514,65 +522,36 @@ class Trainer:
             return
         steps.reset_accumulation()
 
-    def _run_batches(self, function, iterator, steps, callback_list, mode, first_step=0,
-                     position=None):
-        """Runs batches in groups of `steps_per_execution`, from batch `first_step`.
-
-        Returns `(logs, exhausted)`: the logs after the last batch (None if
-        there was none) and whether the iterator ran out of data. `position`
-        (a `FitPosition`, training only) is updated before each batch-end hook.
-        """
-        begin_hook = getattr(callback_list, f"on_{mode}_batch_begin")
-        end_hook = getattr(callback_list, f"on_{mode}_batch_end")
-        step, logs, exhausted = first_step, None, False
-        while steps is None or step < steps:
-            wanted = self.steps_per_execution if steps is None else min(
-                self.steps_per_execution, steps - step)
-            begin_hook(step)
-            ran, step_logs = function(iterator, tf.constant(wanted, tf.int32))
-            ran = int(ran)
-            if position is not None:
-                position.step += ran
-                position.iterator_batches += ran
-            if ran > 0:
-                logs = step_logs
-                end_hook(step + ran - 1, logs)
-                step += ran
-            if ran < wanted:
-                exhausted = True
-                if steps is not None:
-                    warnings.warn(
-                        f"The input ran out of data after {step} of {steps} {mode} steps; "
-                        "stopping this pass early. Make the dataset long enough "
-                        "(e.g. .repeat()) or lower the number of steps.", stacklevel=3)
-                break
-            if mode == "train" and self.model.stop_training:
-                break
-        return logs, exhausted
-
-    def _evaluate_data(self, data, steps, callback_list):
-        step_functions = self._steps
-        self.model.reset_metrics()
-        callback_list.on_test_begin()
-        logs, _ = self._run_batches(step_functions.test_function, iter(data), steps,
-                                    callback_list, "test")
-        logs = _pythonify(logs if logs is not None else self._metric_logs())
-        callback_list.on_test_end(logs)
-        return logs
-
-    def _metric_logs(self):
-        return _pythonify(self.model.get_metrics_result())
-
     def _needs_targets(self, mode):
         """Whether `mode`'s batches must carry `y`: only for a compiled loss that
         tfdist's own step computes (Keras's `fit` lets a model's own step or
         `compute_loss`, or `add_loss` terms alone, train on `x` only)."""
         if mode == "predict" or f"{mode}_step" in self.hooks or "compute_loss" in self.hooks:
             return False
-        return self.model._compile_loss is not None
+        return model_compile_loss(self.model) is not None
 
-    def _prepare(self, data, mode):
-        """Builds model, metrics and optimizer in the scope, then the step functions."""
+    def prepare(self, data, mode):
+        """Builds the model, its metrics and optimizer in the strategy's scope from
+        `data`'s element spec, then returns the step functions for `mode`.
+
+        The loops call it before running batches (`fit`, `evaluate` and
+        `predict` here, and the parameter-server loop); the step functions are
+        built once and kept until the model changes (see `fit`).
+
+        Args:
+            data: what will be iterated (anything with an `element_spec`:
+                a dataset or distributed dataset of batches).
+            mode: `"train"`, `"test"` or `"predict"`.
+
+        Returns:
+            The step functions (a step kind, see
+            `tfdist.training.step_kinds`).
+
+        Example:
+
+        >>> steps = trainer.prepare(dist_dataset, mode="train")
+        >>> ran, logs = steps.train_function(iter(dist_dataset), tf.constant(1))
+        """
         spec = per_replica_spec(data.element_spec)
         unpack(spec, need_targets=self._needs_targets(mode))
         with self.strategy.scope():
@@ -594,7 +573,7 @@ class Trainer:
             _check_own_optimizers_built(self.model, self.strategy)
         # Building the model above is no change to follow (see _follow_model).
         self._followed = ModelState.of(self.model)
-        compile_loss = self.model._compile_loss
+        compile_loss = model_compile_loss(self.model)
         if self._steps is None and compile_loss is not None and not compile_loss.built:
             # predict() before any fit/evaluate: the compiled loss is only
             # built from targets, and prediction does not need it.
@@ -611,7 +590,7 @@ class Trainer:
         cannot be called on the data (a GAN, whose `call` is not defined) is
         left as its own step expects it: built from its sub-models."""
         try:
-            self.model._symbolic_build(data_batch=spec)
+            symbolic_build(self.model, data_batch=spec)
         except (RuntimeError, NotImplementedError):
             if not own_step or not self.model.variables:
                 raise
@@ -634,7 +613,7 @@ class Trainer:
 
     def _step_functions(self, with_loss=True):
         """The engine's step functions, with the model's own steps where it has them."""
-        compile_loss = self.model._compile_loss if with_loss else None
+        compile_loss = model_compile_loss(self.model) if with_loss else None
         if self.model_parallel > 1:
             return PipelineStepFunctions(
                 self.model, self.optimizer,
@@ -661,7 +640,7 @@ class Trainer:
 class ModelState(collections.namedtuple(
         "ModelState", ["compile_config", "optimizer", "trainable_variables"])):
     """What a `Trainer`'s step functions were built for: the model's compile
-    (Keras makes a new `_compile_config` at every `compile()`), its optimizer
+    (Keras makes a new compile configuration at every `compile()`), its optimizer
     and its trainable variables. Compared by identity, so checking costs no
     more than listing the variables.
 
@@ -682,7 +661,7 @@ class ModelState(collections.namedtuple(
         >>> ModelState.of(model).optimizer is model.optimizer
         True
         """
-        return cls(getattr(model, "_compile_config", None), getattr(model, "optimizer", None),
+        return cls(model_compile_config(model), getattr(model, "optimizer", None),
                    tuple(model.trainable_variables))
 
     def same_as(self, other):
@@ -706,7 +685,7 @@ def _check_optimizer_knows(model, optimizer):
     if optimizer is None or not optimizer.built:
         return
     known = {id(v) for opt in optimizer_chain(optimizer)
-             for v in getattr(opt, "_trainable_variables", ())}
+             for v in optimizer_trainable_variables(opt)}
     if not known:
         return
     unknown = [v.path for v in model.trainable_variables if id(v) not in known]
@@ -785,17 +764,5 @@ def _check_own_optimizers_built(model, strategy):
 
 def _model_strategy(model):
     """The strategy the model was created under, else the active one."""
-    strategy = getattr(model, "_distribute_strategy", None)
+    strategy = model_strategy(model)
     return strategy if strategy is not None else tf.distribute.get_strategy()
-
-
-def _current_learning_rate(optimizer):
-    try:
-        value = optimizer.learning_rate
-        return float(value.numpy() if hasattr(value, "numpy") else value)
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-def _pythonify(logs):
-    return {name: float(value) for name, value in logs.items()}

@@ -128,7 +128,7 @@ def stage_ops(trainer):
     them, follow their variable instead)."""
     dataset = common.dataset(common.token_arrays(n=12), 12)
     iterator = iter(trainer.strategy.experimental_distribute_dataset(dataset))
-    graph = trainer._steps.train_function.get_concrete_function(
+    graph = trainer.step_functions.train_function.get_concrete_function(
         iterator, tf.constant(1)).graph.as_graph_def()
     found = collections.defaultdict(collections.Counter)
     for function in graph.library.function:
