@@ -21,8 +21,8 @@ Example:
     decision = tune_model(build_model, dataset, global_batch_size=64, signature={"model": "mine"})
 """
 
-from tfdist.autotune.cache import (CACHE_ENV, RUN_ONLY_OPTIONS, DecisionCache,
-                                   default_cache_path, hardware_signature, signature_key)
+from tfdist.autotune.cache import (CACHE_ENV, DecisionCache, default_cache_path,
+                                   hardware_signature, signature_key)
 from tfdist.autotune.candidates import Candidate, candidate_grid, candidate_precisions
 from tfdist.autotune.modes import AUTOTUNE_ENV, AUTOTUNE_MODES, default_autotune_mode
 from tfdist.autotune.decide import LOSS_RTOL, Decision, choose, format_decision, loss_agrees
@@ -43,7 +43,7 @@ def __getattr__(name):
 
 __all__ = [
     "AUTOTUNE_ENV", "AUTOTUNE_MODES", "CACHE_ENV", "Candidate", "CandidateTiming", "Decision",
-    "DecisionCache", "LOSS_RTOL", "RUN_ONLY_OPTIONS", "TrialClock", "candidate_grid",
+    "DecisionCache", "LOSS_RTOL", "TrialClock", "candidate_grid",
     "candidate_precisions", "choose", "default_autotune_mode", "default_cache_path", "format_decision",
     "environment_signature", "hardware_signature", "loss_agrees", "run_trial", "signature_key",
     "tune", "tune_model",

@@ -6,7 +6,8 @@ once. The key is a hash of a *signature*: what the step's speed depends on
 (the recipe and the options that shape the model, the data and the batch,
 the strategy and its replicas, the CPU or GPU model and flags, the TensorFlow
 and Keras versions). Options that only change how long the run is or where
-it writes (epochs, model_dir, seed, ...) are left out.
+it writes (epochs, model_dir, seed, ...) are left out: each recipe option
+declares it (`tfdist.recipes.config.Option.changes_step_speed`).
 
 The file is `$TFDIST_AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/tfdist/autotune.json`,
 else `~/.cache/tfdist/autotune.json`. It is written whole to a temporary file
@@ -34,16 +35,6 @@ logger = logging.getLogger("tfdist")
 
 CACHE_ENV = "TFDIST_AUTOTUNE_CACHE"
 FORMAT_VERSION = 1
-
-RUN_ONLY_OPTIONS = frozenset({
-    "epochs", "steps_per_epoch", "validation_steps", "model_dir", "log_every", "profile_steps",
-    "backup_dir", "backup_every", "backup_keep", "divergence_factor", "seed", "verbose",
-    "tf_log_level", "skip_corrupt_records", "autotune", "autotune_cache", "autotune_budget",
-    "learning_rate", "warmup_steps", "schedule", "gpu_memory", "cluster_resolver",
-})
-"""Options that do not change how fast one training step runs: left out of
-the signature, so that a longer run or another output folder reuses the
-decision."""
 
 _HARDWARE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
                    "amx_int8", "fma")

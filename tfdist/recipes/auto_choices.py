@@ -20,7 +20,6 @@ Example:
 """
 
 from tfdist.autotune import DecisionCache, candidate_grid, candidate_precisions
-from tfdist.autotune.cache import RUN_ONLY_OPTIONS
 from tfdist.precision import PrecisionChoice
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer
 from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
@@ -53,15 +52,16 @@ def skip_reason(config, info):
 def run_signature(recipe_name, config, options, data, info):
     """What a recipe's cached decision is valid for, besides the hardware and
     versions (`tfdist.autotune.tune` adds those): the recipe, the options that
-    shape the step, the data and the strategy.
+    shape the step (those whose `Option` declares `changes_step_speed`), the
+    data and the strategy.
 
     Example:
 
     >>> sorted(run_signature("transformer", config, options, data, info))
     ['data', 'options', 'recipe', 'strategy']
     """
-    values = {name: value for name, value in config_values(config, options).items()
-              if name not in RUN_ONLY_OPTIONS}
+    shaping = [option for option in options if option.changes_step_speed]
+    values = config_values(config, shaping)
     return {"recipe": recipe_name, "options": values,
             "data": {"info": data.info, "tokens_per_example": data.tokens_per_example,
                      "description": data.description},

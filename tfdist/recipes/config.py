@@ -25,10 +25,13 @@ from tfdist.runtime.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, chec
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
 from tfdist.distribute.names import STRATEGY_NAMES, check_strategy_name
 from tfdist.runtime.tf_logging import TF_LOG_LEVELS
+from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
 from tfdist.xla import XLA_MODES
 
-OPTIMIZERS = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
-SCHEDULES = ("constant", "step", "exponential", "polynomial", "cosine", "cosine_restarts", "inverse_sqrt")
+OPTIMIZERS = OPTIMIZER_NAMES
+"""`--optimizer` values: `tfdist.schedules.names.OPTIMIZER_NAMES`."""
+SCHEDULES = SCHEDULE_NAMES
+"""`--schedule` values: `tfdist.schedules.names.SCHEDULE_NAMES`."""
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 """`--cluster-resolver` values: `tfdist.distribute.strategy.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
@@ -56,6 +59,10 @@ class Option:
             message that teaches; None to keep the value.
         metavar: how `--help` shows the value (default: the choices, or
             the type's name).
+        changes_step_speed: False for an option that changes only how long
+            the run is, what it learns or where it writes (epochs, seed,
+            model_dir, ...), never how fast one training step runs: an
+            autotune decision cached for one value is reused for another.
 
     Example:
 
@@ -71,6 +78,7 @@ class Option:
     minimum: float = None
     normalize: Callable = None
     metavar: str = None
+    changes_step_speed: bool = True
 
     @property
     def flag(self):
@@ -128,22 +136,24 @@ COMMON_OPTIONS = [
            "Where a multi-worker run finds its cluster (--strategy multi_worker_mirrored or auto): "
            "tf_config ($TF_CONFIG, as Kubeflow's TFJob and tfdist.launch set it) or slurm "
            "(SlurmClusterResolver, inside an srun job step).", choices=CLUSTER_RESOLVERS,
-           normalize=lambda text: text.strip().lower().replace("-", "_")),
+           normalize=lambda text: text.strip().lower().replace("-", "_"),
+           changes_step_speed=False),
     Option("gpu_memory", str, DEFAULT_GPU_MEMORY,
            "How TensorFlow takes GPU memory: preallocate (its default: nearly all of every GPU up "
            "front), growth (as needed), or limit:MB (at most MB per GPU, e.g. limit:4096). No "
            "effect without a GPU.", normalize=check_gpu_memory,
-           metavar="{" + ",".join(GPU_MEMORY_FORMS) + "}"),
+           metavar="{" + ",".join(GPU_MEMORY_FORMS) + "}", changes_step_speed=False),
     Option("all_reduce", str, None,
            "All-reduce implementation: nccl, hierarchical_copy, reduction_to_one_device (mirrored); "
            "auto, ring, nccl (multi_worker_mirrored). Default: TensorFlow's choice."),
     Option("global_batch_size", int, 64,
            "Examples per step across all replicas; must divide evenly by the replica count.", minimum=1),
-    Option("epochs", int, 1, "Number of epochs.", minimum=1),
+    Option("epochs", int, 1, "Number of epochs.", minimum=1, changes_step_speed=False),
     Option("steps_per_epoch", int, None,
-           "Optimizer steps per epoch (default: one pass over the training data).", minimum=1),
+           "Optimizer steps per epoch (default: one pass over the training data).", minimum=1,
+           changes_step_speed=False),
     Option("validation_steps", int, None, "Validation steps after each epoch (default: the whole split).",
-           minimum=1),
+           minimum=1, changes_step_speed=False),
     Option("precision", str, "auto",
            "auto (bfloat16 on AMX/AVX512-BF16 CPUs and Ampere+ GPUs, float16 on compute capability 7.x, "
            "else float32), float32, mixed_float16, mixed_bfloat16; aliases: "
@@ -155,18 +165,21 @@ COMMON_OPTIONS = [
            "float32; the decision is cached per model, hardware and TensorFlow version), refresh "
            "(time them again, replacing a cached decision), off (fixed rules from the hardware). "
            f"Default: ${AUTOTUNE_ENV} when set, else on.", choices=AUTOTUNE_MODES,
-           normalize=lambda text: text.strip().lower()),
+           normalize=lambda text: text.strip().lower(), changes_step_speed=False),
     Option("autotune_cache", str, None,
            f"File of cached autotune decisions (default: ${CACHE_ENV}, else "
-           "~/.cache/tfdist/autotune.json)."),
+           "~/.cache/tfdist/autotune.json).", changes_step_speed=False),
     Option("autotune_budget", float, 120.0,
            "Seconds after which the autotune trial starts no new round of timed steps (compiling "
-           "each setting and one round always run).", minimum=1.0),
+           "each setting and one round always run).", minimum=1.0, changes_step_speed=False),
     Option("optimizer", str, "adamw", "Optimizer.", choices=OPTIMIZERS),
-    Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0),
-    Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES),
+    Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0,
+           changes_step_speed=False),
+    Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES,
+           changes_step_speed=False),
     Option("warmup_steps", int, 0,
-           "Linear warmup steps; more than the run's optimizer steps is an error.", minimum=0),
+           "Linear warmup steps; more than the run's optimizer steps is an error.", minimum=0,
+           changes_step_speed=False),
     Option("weight_decay", float, 0.0, "Decoupled weight decay (adamw, lion, lamb, sgd).", minimum=0.0),
     Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
            minimum=0.0),
@@ -182,36 +195,41 @@ COMMON_OPTIONS = [
     Option("skip_corrupt_records", bool, False,
            "TFRecord data (tfrecord:, imagenet_tfrecord:, uncompressed): read a damaged file up to "
            "its last readable record and skip the rest, instead of stopping with an error naming "
-           "the file; what was skipped is printed at the end."),
+           "the file; what was skipped is printed at the end.", changes_step_speed=False),
     Option("model_dir", str, None,
            "Folder for the run's record (config.yaml), CSV and TensorBoard logs and checkpoints "
-           "(default: none written)."),
+           "(default: none written).", changes_step_speed=False),
     Option("log_every", int, 100,
            "Write training scalars to TensorBoard every N steps, besides every epoch (needs "
-           "--model-dir).", minimum=1),
+           "--model-dir).", minimum=1, changes_step_speed=False),
     Option("profile_steps", str, None,
            "Capture a profiler trace of steps A-B (e.g. 20-25) into MODEL_DIR/tensorboard, for "
-           "TensorBoard's Profile tab (needs --model-dir).", normalize=lambda text: parse_step_range(text)[2]),
+           "TensorBoard's Profile tab (needs --model-dir).", normalize=lambda text: parse_step_range(text)[2],
+           changes_step_speed=False),
     Option("backup_dir", str, None,
            "Folder for step-level backups; a relaunched run resumes at the exact step of the last "
-           "one (default: MODEL_DIR/backup when --model-dir is given, else none)."),
+           "one (default: MODEL_DIR/backup when --model-dir is given, else none).",
+           changes_step_speed=False),
     Option("backup_every", int, None,
-           "Back up every N steps, besides every epoch end (default: epoch ends only).", minimum=1),
-    Option("backup_keep", int, 2, "Backups kept.", minimum=1),
+           "Back up every N steps, besides every epoch end (default: epoch ends only).", minimum=1,
+           changes_step_speed=False),
+    Option("backup_keep", int, 2, "Backups kept.", minimum=1, changes_step_speed=False),
     Option("divergence_factor", float, 10.0,
            "Stop with an error when the loss is above this many times its recent level (the median "
            "of the last 20 checked steps) at 3 checks in a row, judged after max(20 steps, the "
            "learning-rate warmup); the last backup confirmed healthy is kept besides the "
            "--backup-keep newest, and a rerun resumes from it. 0 turns the check off.",
-           normalize=lambda value: check_divergence_factor(value)),
-    Option("seed", int, 42, "Random seed for weights and data order."),
+           normalize=lambda value: check_divergence_factor(value), changes_step_speed=False),
+    Option("seed", int, 42, "Random seed for weights and data order.", changes_step_speed=False),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
     Option("verbose", int, None,
            "0: silent, 1: progress bar, 2: one line per epoch, 3: as 2 plus how the input is "
-           "sharded (default: 1 on a terminal, else 2).", choices=(0, 1, 2, 3)),
+           "sharded (default: 1 on a terminal, else 2).", choices=(0, 1, 2, 3),
+           changes_step_speed=False),
     Option("tf_log_level", int, None,
            "TensorFlow's own C++ logging: 0 everything, 1 warnings, 2 errors, 3 nothing (default: "
-           "$TF_CPP_MIN_LOG_LEVEL when set, else 3).", choices=TF_LOG_LEVELS),
+           "$TF_CPP_MIN_LOG_LEVEL when set, else 3).", choices=TF_LOG_LEVELS,
+           changes_step_speed=False),
 ]
 
 

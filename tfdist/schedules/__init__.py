@@ -18,14 +18,21 @@ micro-batches. To drive an optimizer that holds a float rate from a
 schedule, use `tfdist.callbacks.learning_rate.LearningRateScheduleCallback`.
 """
 
-from tfdist.schedules.constant import ConstantLearningRate
-from tfdist.schedules.schedule_factory import SCHEDULE_NAMES
-from tfdist.schedules.schedule_factory import make_schedule
-from tfdist.schedules.inverse_sqrt import InverseSqrtDecay
-from tfdist.schedules.optimizer_step import OptimizerStepSchedule
-from tfdist.schedules.scaling import scale_learning_rate
-from tfdist.schedules.warmup import WARMUP_MODES
-from tfdist.schedules.warmup import WarmUp
+from tfdist.runtime.lazy_exports import lazy_exports
+
+# Names load on first use, so `import tfdist.schedules.names` (the
+# TensorFlow-free names the recipe flags offer) stays light.
+_EXPORTS = {
+    "SCHEDULE_NAMES": "tfdist.schedules.names",
+    "WARMUP_MODES": "tfdist.schedules.warmup",
+    "ConstantLearningRate": "tfdist.schedules.constant",
+    "InverseSqrtDecay": "tfdist.schedules.inverse_sqrt",
+    "OptimizerStepSchedule": "tfdist.schedules.optimizer_step",
+    "WarmUp": "tfdist.schedules.warmup",
+    "make_schedule": "tfdist.schedules.schedule_factory",
+    "scale_learning_rate": "tfdist.schedules.scaling",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "SCHEDULE_NAMES",

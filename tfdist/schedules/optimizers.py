@@ -7,8 +7,7 @@ strategy when they are constructed.
 import keras
 
 from tfdist.schedules import make_schedule
-
-OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
+from tfdist.schedules.names import OPTIMIZER_NAMES
 
 
 def _recipe_schedule_options(schedule, warmup_steps, total_steps):

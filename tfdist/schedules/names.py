@@ -1,0 +1,29 @@
+"""Optimizer and learning-rate schedule names, without TensorFlow.
+
+The one list of each: the recipes' `--optimizer` and `--schedule` flags offer
+these choices before TensorFlow starts, and the factories
+(`tfdist.schedules.optimizers.build_optimizer`,
+`tfdist.schedules.make_schedule`) accept exactly these. A new optimizer or
+schedule is added here and in its factory; a test keeps the flags, these
+names and the factories equal.
+
+Example:
+
+    from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+
+    "adamw" in OPTIMIZER_NAMES   # True
+"""
+
+OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
+"""Names `build_optimizer` accepts (`momentum` is SGD with Nesterov momentum)."""
+
+SCHEDULE_NAMES = (
+    "constant",
+    "step",
+    "exponential",
+    "polynomial",
+    "cosine",
+    "cosine_restarts",
+    "inverse_sqrt",
+)
+"""Names `make_schedule` accepts (case-insensitive, "-" or "_")."""
