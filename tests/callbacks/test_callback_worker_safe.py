@@ -26,6 +26,7 @@ from tfdist.callbacks.chief import is_chief, num_workers
 from tfdist.callbacks.chief_logging import ChiefOnly
 from tfdist.callbacks.worker_safe import make_worker_safe
 from tfdist.callbacks.worker_safe_backup import WorkerSafeBackupAndRestore
+from tfdist.distribute import collectives
 from tfdist.distribute.strategy_factory import create_strategy
 from tfdist.training.callback_list import make_callback_list
 from helpers.workers import keras_callbacks_worker as kcw
@@ -309,11 +310,11 @@ def test_workers_that_restored_different_states_stop_with_an_error(monkeypatch, 
     backup = safe_backup(monkeypatch, 1, backup_dir)
     temp_dirs = []
 
-    def disagree(self, values):  # the chief found a backup of epoch 2, this worker none
-        temp_dirs.append(self.write_dir)
+    def disagree(strategy, values):  # the chief found a backup of epoch 2, this worker none
+        temp_dirs.append(backup.write_dir)
         return np.array([[2, 1], values])
 
-    monkeypatch.setattr(WorkerSafeBackupAndRestore, "_gather", disagree)
+    monkeypatch.setattr(collectives, "gather", disagree)
     probe = BackupProbe(backup)
     with pytest.raises(ValueError, match=r"restored different states from backup_dir="
                                          r".*\(-1, None\), \(2, 'latest'\).*shared file system"):

@@ -8,10 +8,10 @@ import tempfile
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, num_workers, task_info
+from tfdist.distribute.collectives import agree
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,6 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._distribution = None
         self._temp_dir = None
         self._cleanup = None
-        self._gather_function = None
 
     @classmethod
     def from_keras(cls, callback, strategy=None):
@@ -220,26 +219,14 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
         The all-gather is also a barrier: after it, no worker reads `backup_dir`."""
         if self._workers <= 1:
             return
-        table = np.asarray(self._gather([-1 if epoch is None else epoch, _SOURCES[source]]))
-        if not (table == table[0]).all():
-            names = {code: name for name, code in _SOURCES.items()}
-            seen = sorted({(int(e), names.get(int(s))) for e, s in table})
-            raise ValueError(
-                "WorkerSafeBackupAndRestore: the workers restored different states from "
-                f"backup_dir={self.backup_dir!r}: (epoch, file) per replica {seen} (epoch -1: "
-                "no backup found). Every worker must see the chief's backup_dir: put it on a "
-                "shared file system or a bucket, not on each machine's local disk.")
-
-    def _gather(self, values):
-        """Every replica's `values` (an all-gather across workers), as rows."""
-        strategy = self._distribution
-        if self._gather_function is None or self._gather_function[0] is not strategy:
-            def gather(vector):
-                def replica():
-                    return tf.distribute.get_replica_context().all_gather(vector[None], axis=0)
-                return strategy.experimental_local_results(strategy.run(replica))[0]
-            self._gather_function = (strategy, tf.function(gather, autograph=False))
-        return self._gather_function[1](tf.constant(values, tf.int64)).numpy()
+        names = {code: name for name, code in _SOURCES.items()}
+        restored = [-1 if epoch is None else epoch, _SOURCES[source]]
+        agree(self._distribution, restored, lambda table: (
+            "WorkerSafeBackupAndRestore: the workers restored different states from "
+            f"backup_dir={self.backup_dir!r}: (epoch, file) per replica "
+            f"{sorted({(int(e), names.get(int(s))) for e, s in table})} (epoch -1: "
+            "no backup found). Every worker must see the chief's backup_dir: put it on a "
+            "shared file system or a bucket, not on each machine's local disk."))
 
     # -------------------------------------------------------------- saving
     def _save_model(self):

@@ -20,6 +20,7 @@ import tempfile
 
 import tensorflow as tf
 
+from tfdist.distribute.collectives import barrier
 from tfdist.distribute.tf_config import TRAINING_TASK_TYPES, StrategyStartupError
 
 logger = logging.getLogger("tfdist")
@@ -166,14 +167,8 @@ def check_connectivity(strategy, config, timeout, deadline):
 
     >>> check_connectivity(strategy, config, timeout=250.0, deadline=300.0)
     """
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-
-    def one():
-        return tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options)
-
     try:
-        total = strategy.experimental_local_results(tf.function(lambda: strategy.run(one))())[0]
+        total = barrier(strategy, timeout_seconds=timeout)
     except tf.errors.OpError as error:
         raise startup_error(config, deadline, "in the connectivity check", error) from error
     if round(float(total)) != strategy.num_replicas_in_sync:

@@ -21,11 +21,11 @@ and `x`, `(x,)`, or any of the above for prediction.
 import types
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
 from tfdist.seam import install_quiet_device_iterators
+from tfdist.distribute.collectives import agreed_seed
 from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training import arrays
 
@@ -151,7 +151,7 @@ def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
         batch_size = _or_default(batch_size)
         train_part, validation_part = arrays.split_validation(x, y, sample_weight,
                                                               validation_split or 0.0)
-        seed = agreed_seed(strategy) if shuffle else None
+        seed = agreed_seed(strategy, arrays.shuffle_seed()) if shuffle else None
         train = arrays.array_dataset(*train_part, batch_size=batch_size, shuffle=shuffle,
                                      class_weight=class_weight, seed=seed)
         if validation_part is not None:
@@ -179,35 +179,6 @@ def evaluation_inputs(x, y=None, *, batch_size=None, sample_weight=None):
                                     batch_size=_or_default(batch_size), shuffle=False)
     _check_dataset_arguments(x, y=y, batch_size=batch_size, sample_weight=sample_weight)
     return x
-
-
-def agreed_seed(strategy):
-    """A shuffle seed drawn from numpy's global state, the chief's on every worker.
-
-    Under `MultiWorkerMirroredStrategy` every worker builds the array
-    pipeline and takes its share of each global batch, so all must shuffle
-    alike: the first replica's seed is summed across the cluster (the others
-    add 0). Set `keras.utils.set_random_seed(s)` for the same order at every
-    run (needed to resume a shuffled run exactly).
-
-    Example:
-
-    >>> seed = agreed_seed(strategy)
-    """
-    seed = arrays.shuffle_seed()
-    if not is_multi_worker(strategy):
-        return seed
-
-    @tf.function(autograph=False)
-    def share():
-        def replica():
-            context = tf.distribute.get_replica_context()
-            mine = tf.where(tf.equal(context.replica_id_in_sync_group, 0),
-                            tf.constant(float(seed), tf.float64), tf.constant(0.0, tf.float64))
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, mine)
-        return strategy.experimental_local_results(strategy.run(replica))[0]
-
-    return int(np.round(share().numpy()))
 
 
 def _or_default(batch_size):

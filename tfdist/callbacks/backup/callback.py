@@ -14,6 +14,7 @@ from tfdist.callbacks.backup.store import BackupInfo, read_backup
 from tfdist.callbacks.backup.writer import BackupWriter
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.callbacks.loss_health import loss_health
+from tfdist.distribute.collectives import agree
 from tfdist.distribute.introspection import describe_strategy
 
 # The attribute tfdist's Trainer publishes its FitPosition under during fit
@@ -185,7 +186,6 @@ class BackupAndResume(keras.callbacks.Callback):
         self.backups_written = 0
         self.exact = None
         self._state = None
-        self._gather = None
         self._reset_run()
 
     def _reset_run(self):
@@ -532,21 +532,11 @@ class BackupAndResume(keras.callbacks.Callback):
         all-gather, which is also a barrier); raises if they differ."""
         if self._num_workers <= 1:
             return
-        strategy = self._distribution
-        if self._gather is None or self._gather[0] is not strategy:
-            def gather(vector):
-                def replica():
-                    return tf.distribute.get_replica_context().all_gather(vector[None], axis=0)
-                return strategy.experimental_local_results(strategy.run(replica))[0]
-            self._gather = (strategy, tf.function(gather, autograph=False))
-        table = self._gather[1](tf.constant(values, tf.int64)).numpy()
-        if not (table == table[0]).all():
-            per_worker = sorted({tuple(int(v) for v in row) for row in table})
-            raise ValueError(
-                f"BackupAndResume: the workers disagree on the {what}: (number, global step) "
-                f"per replica {per_worker}. Every worker must see the same backup_dir "
-                f"({self.backup_dir!r}): put it on a shared file system or a bucket, not on "
-                "each machine's local disk.")
+        agree(self._distribution, values, lambda table: (
+            f"BackupAndResume: the workers disagree on the {what}: (number, global step) "
+            f"per replica {sorted({tuple(int(v) for v in row) for row in table})}. Every "
+            f"worker must see the same backup_dir ({self.backup_dir!r}): put it on a shared "
+            "file system or a bucket, not on each machine's local disk."))
 
     def _print(self, level, message):
         if self.verbose >= level and self._chief:
