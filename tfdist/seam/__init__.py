@@ -22,7 +22,8 @@ Example:
     seam.install_quiet_device_iterators()   # idempotent; tfdist.data and tfdist.training call it
 """
 
-from tfdist.seam.keras_data import (keras_can_convert_arrays, keras_class_weight_map_fn,
+from tfdist.seam.keras_data import (keras_array_adapter, keras_can_convert_arrays,
+                                    keras_class_weight_map_fn,
                                     keras_packed_arrays, keras_python_input_dataset,
                                     keras_sliceable, keras_sparse_rows,
                                     keras_train_validation_split)
@@ -36,8 +37,8 @@ from tfdist.seam.keras_model import (backup_and_restore_position, callback_model
                                      metrics_in_keras_order, model_compile_config,
                                      model_initial_epoch, model_strategy, nodes_by_depth,
                                      outputs_structure, producing_layer_name, sequential_graph,
-                                     set_model_initial_epoch, standardized_inputs,
-                                     symbolic_build)
+                                     set_model_initial_epoch, set_variable_storage,
+                                     standardized_inputs, symbolic_build, variable_storage)
 from tfdist.seam.keras_optimizer import (gradient_sum_skipped, gradient_sum_wrapped,
                                          held_learning_rate, optimizer_iterations_variable,
                                          optimizer_trainable_variables,

@@ -41,23 +41,35 @@ def keras_can_convert_arrays(x):
     return array_data_adapter.can_convert_arrays(x)
 
 
-def keras_packed_arrays(x, y, sample_weight, batch_size, class_weight):
-    """The `(x, y, sample_weight)` arrays as Keras's `ArrayDataAdapter` packs them.
+def keras_array_adapter(x, y, sample_weight, batch_size, class_weight):
+    """Keras's `ArrayDataAdapter` for in-memory data, unshuffled (`num_batches` is public).
 
     Keras's input checks, `sample_weight` per output and `class_weight` turned
     into per-sample weights.
+
+    Private: `keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter`.
+
+    Example:
+
+    >>> keras_array_adapter(np.zeros((10, 2)), np.zeros(10), None, 4, None).num_batches
+    3
+    """
+    from keras.src.trainers.data_adapters import array_data_adapter
+
+    return array_data_adapter.ArrayDataAdapter(
+        x, y, sample_weight=sample_weight, batch_size=batch_size, shuffle=False,
+        class_weight=class_weight)
+
+
+def keras_packed_arrays(adapter):
+    """The `(x, y, sample_weight)` arrays as a `keras_array_adapter` packed them.
 
     Private: `ArrayDataAdapter._inputs` (no public accessor in Keras 3.15).
 
     Example:
 
-    >>> keras_packed_arrays(x, y, None, 32, {0: 1.0, 1: 2.0})[2]  # per-sample weights
+    >>> keras_packed_arrays(keras_array_adapter(x, y, None, 32, {0: 1.0, 1: 2.0}))[2]
     """
-    from keras.src.trainers.data_adapters import array_data_adapter
-
-    adapter = array_data_adapter.ArrayDataAdapter(
-        x, y, sample_weight=sample_weight, batch_size=batch_size, shuffle=False,
-        class_weight=class_weight)
     return adapter._inputs  # noqa: SLF001 - the seam
 
 

@@ -235,3 +235,32 @@ def direct_sublayers(layer):
     []
     """
     return layer._flatten_layers(include_self=False, recursive=False)  # noqa: SLF001 - the seam
+
+
+def variable_storage(variable):
+    """The backend object holding a `keras.Variable`'s value (a `tf.Variable` on TensorFlow; None before it has one).
+
+    Private: `keras.Variable._value`.
+
+    Example:
+
+    >>> variable_storage(keras.Variable(1.0)).device
+    '/job:localhost/replica:0/task:0/device:CPU:0'
+    """
+    return variable._value  # noqa: SLF001 - the seam
+
+
+def set_variable_storage(variable, storage):
+    """Makes `storage` (a `tf.Variable`) hold the `keras.Variable`'s value from now on.
+
+    Keras's TensorFlow backend accepts a `tf.Variable` as a variable's
+    storage; checkpoints, `get_weights` and the layers all go through the
+    Keras variable, so they follow.
+
+    Private: `keras.Variable._value`.
+
+    Example:
+
+    >>> set_variable_storage(layer.kernel, new_resource_variable(initial_value=kernel_value))
+    """
+    variable._value = storage  # noqa: SLF001 - the seam

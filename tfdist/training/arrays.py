@@ -10,10 +10,10 @@ which the trainer distributes with `strategy.experimental_distribute_dataset`
 
 What Keras does is reused, not re-implemented: the input checks, the
 `sample_weight` and `class_weight` handling and the packing of `ArrayDataAdapter`
-(`keras/src/trainers/data_adapters/array_data_adapter.py`), its dtype rules
-(`array_slicing.convert_to_sliceable`: floats become `keras.config.floatx()`,
+(`tfdist.seam.keras_array_adapter`), its dtype rules
+(`tfdist.seam.keras_sliceable`: floats become `keras.config.floatx()`,
 a pandas Series becomes a column), and Keras's validation split
-(`array_slicing.train_validation_split`). The batches are the ones Keras's
+(`tfdist.seam.keras_train_validation_split`). The batches are the ones Keras's
 adapter yields (same rows, same last shorter batch, same structure), with one
 difference: the shuffled order is drawn from an explicit `seed` at every pass,
 independent of TensorFlow's global seed, so that every worker of a
@@ -30,8 +30,10 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.trainers import data_adapters
-from keras.src.trainers.data_adapters import array_data_adapter, array_slicing
+
+from tfdist.seam import (keras_array_adapter, keras_can_convert_arrays, keras_packed_arrays,
+                         keras_python_input_dataset, keras_sliceable, keras_sparse_rows,
+                         keras_train_validation_split)
 
 SHUFFLE_CHOICES = (False, True, "batch")
 """The values of `shuffle`: input order, a new permutation of all rows at every
@@ -85,7 +87,7 @@ def is_array_input(x):
     if any(isinstance(leaf, (tf.data.Dataset, tf.distribute.DistributedDataset))
            for leaf in leaves):
         return False
-    return bool(array_data_adapter.can_convert_arrays(x))
+    return bool(keras_can_convert_arrays(x))
 
 
 def shuffle_seed(seed=None):
@@ -192,12 +194,10 @@ def array_dataset(x, y=None, sample_weight=None, *, batch_size, shuffle=False,
 
     # Keras's own checks and packing: sample_weight per output, class_weight
     # to per-sample weights, (x, y, sample_weight) structure.
-    adapter = array_data_adapter.ArrayDataAdapter(
-        x, y, sample_weight=sample_weight, batch_size=batch_size, shuffle=False,
-        class_weight=class_weight)
-    inputs = adapter._inputs  # the packed arrays (no public accessor in Keras 3.15)
+    adapter = keras_array_adapter(x, y, sample_weight, batch_size, class_weight)
+    inputs = keras_packed_arrays(adapter)
     # Keras's conversion for tf.data: dtypes, pandas, sparse, lists to tuples.
-    inputs = array_slicing.convert_to_sliceable(inputs, target_backend="tensorflow")
+    inputs = keras_sliceable(inputs)
     inputs = keras.tree.lists_to_tuples(inputs)
 
     indices = _index_batches(num_rows, batch_size, shuffle, seed)
@@ -221,7 +221,7 @@ def split_validation(x, y, sample_weight, validation_split):
     The validation part is the last `validation_split` fraction of the rows
     (`floor(n * (1 - validation_split))` rows are kept for training), taken
     before any shuffling, by Keras's own
-    `keras.src.trainers.data_adapters.array_slicing.train_validation_split`
+    `train_validation_split` (`tfdist.seam.keras_train_validation_split`)
     (which also casts floats to `keras.config.floatx()`).
 
     Args:
@@ -262,8 +262,8 @@ def split_validation(x, y, sample_weight, validation_split):
                 f"validation_split needs array data ({ALLOWED_ARRAYS}); {name} is a "
                 f"{type(value).__name__}. Pass validation_data instead.")
     _row_count(x, y, sample_weight)
-    train, validation = array_slicing.train_validation_split(
-        (x, y, sample_weight), validation_split=float(validation_split))
+    train, validation = keras_train_validation_split(
+        (x, y, sample_weight), float(validation_split))
     return tuple(train), tuple(validation)
 
 
@@ -301,8 +301,7 @@ def python_input_dataset(x, *, shuffle=False, class_weight=None):
         raise TypeError(
             "python_input_dataset: x must be a Python generator or a "
             f"keras.utils.PyDataset; got {type(x).__name__}.")
-    return data_adapters.get_data_adapter(
-        x, shuffle=shuffle, class_weight=class_weight).get_tf_dataset()
+    return keras_python_input_dataset(x, shuffle=shuffle, class_weight=class_weight)
 
 
 def _check_batch_size(batch_size):
@@ -420,8 +419,9 @@ def _index_batches(num_rows, batch_size, shuffle, seed):
 def _gather_rows(rows, data):
     """Keras's `grab_batch`: the rows of every array (sparse ones through Keras's wrapper)."""
     def one(array):
-        if isinstance(array, array_slicing.TensorflowSparseWrapper):
-            return array_slicing.slice_tensorflow_sparse_wrapper(array, rows)
+        sparse = keras_sparse_rows(array, rows)
+        if sparse is not None:
+            return sparse
         if isinstance(array, (list, tuple, dict)):
             return None  # traverse into it
         if tf.is_tensor(array):

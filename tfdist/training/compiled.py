@@ -10,10 +10,10 @@ program set is dropped on the way.
 
 import collections
 
-from keras.src import tree
-from tensorflow.python.distribute import distribute_lib
+from keras import tree
 
 from tfdist.distribute.introspection import is_multi_worker
+from tfdist.seam import default_strategy, model_compile_config
 from tfdist.training.loss import GlobalLoss
 from tfdist.training.model_hooks import hook_name
 
@@ -59,7 +59,7 @@ def compile_model(model, strategy, **overrides):
     if unknown:
         raise TypeError(f"Unknown compile arguments {unknown}; allowed: {COMPILE_ARGUMENTS}.")
     if getattr(model, "compiled", False):
-        config = dict(model._compile_config.config)
+        config = dict(model_compile_config(model).config)
         if given:
             config.update(given)
             with strategy.scope():
@@ -73,7 +73,7 @@ def compile_model(model, strategy, **overrides):
                 "to the Trainer.")
         with strategy.scope():
             model.compile(**given)
-        config = dict(model._compile_config.config)
+        config = dict(model_compile_config(model).config)
     _check_losses(model.loss)
     return CompiledSettings(jit_compile=bool(config.get("jit_compile") or False),
                             steps_per_execution=int(config.get("steps_per_execution") or 1),
@@ -133,7 +133,7 @@ def check_hooks(model, hooks, strategy, *, jit_compile, run_eagerly, grad_accum_
             f"clip_norm={clip_norm} cannot be honoured: {name} applies its own gradients. "
             "Give the optimizer global_clipnorm= instead (it clips the summed "
             "gradient), or clip inside your train_step.")
-    if jit_compile and strategy is not distribute_lib._get_default_strategy():
+    if jit_compile and strategy is not default_strategy():
         raise ValueError(
             f"jit_compile=True cannot be honoured with {name} under "
             f"{type(strategy).__name__}: the model's own step calls optimizer.apply, "

@@ -22,9 +22,9 @@ import types
 
 import keras
 import tensorflow as tf
-from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
-from tfdist.seam import install_quiet_device_iterators
+from tfdist.seam import (install_quiet_device_iterators, keras_class_weight_map_fn,
+                         per_replica_value_spec)
 from tfdist.distribute.collectives import agreed_seed
 from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training import arrays
@@ -109,11 +109,7 @@ def per_replica_spec(element_spec):
     >>> per_replica_spec(dist_dataset.element_spec)
     (TensorSpec(shape=(None, 4), ...), TensorSpec(shape=(None,), ...))
     """
-    def one(spec):
-        value_specs = getattr(spec, "_value_specs", None)
-        return value_specs[0] if value_specs else spec
-
-    return tf.nest.map_structure(one, element_spec)
+    return tf.nest.map_structure(per_replica_value_spec, element_spec)
 
 
 def training_inputs(strategy, x, y=None, *, batch_size=None, sample_weight=None,
@@ -231,4 +227,4 @@ def _dataset_input(strategy, x, shuffle, class_weight):
         raise ValueError(
             f"class_weight needs arrays or a tf.data.Dataset as x, got {type(x).__name__}. "
             "Apply the weights in your dataset_fn instead (map (x, y) to (x, y, weight)).")
-    return x.map(make_class_weight_map_fn(class_weight))
+    return x.map(keras_class_weight_map_fn(class_weight))

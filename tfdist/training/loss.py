@@ -20,11 +20,10 @@ exactly the value a single device computes on the whole batch:
 import collections
 
 import keras
-from keras import ops
-from keras.src import tree
-from keras.src.backend.common.masking import get_keras_mask
-from keras.src.losses.loss import squeeze_or_expand_to_same_rank
-from keras.src.losses.losses import LossFunctionWrapper
+from keras import ops, tree
+
+from tfdist.seam import (compile_loss_entries, compile_loss_entries_replaced, get_keras_mask,
+                         keras_loss_function_wrapper, squeeze_or_expand_to_same_rank)
 
 NORMALIZED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 SUPPORTED_REDUCTIONS = NORMALIZED_REDUCTIONS + ("sum",)
@@ -69,7 +68,7 @@ class GlobalLoss:
         if isinstance(resolved, keras.losses.Loss):
             self.loss = resolved
         elif callable(resolved):
-            self.loss = LossFunctionWrapper(resolved, name=getattr(resolved, "__name__", None))
+            self.loss = keras_loss_function_wrapper(resolved, name=getattr(resolved, "__name__", None))
         else:
             raise ValueError(
                 f"Cannot use {loss!r} (type {type(loss).__name__}) as a loss: expected "
@@ -197,8 +196,8 @@ class GlobalCompileLoss:
     Keras logs as `<output>_loss` when there are several losses.
 
     Args:
-        compile_loss: the model's `keras.src.trainers.compile_utils.CompileLoss`
-            (`model._compile_loss`), already built (the trainer builds it with
+        compile_loss: the model's compiled loss, Keras's `CompileLoss`
+            (`tfdist.seam.model_compile_loss(model)`), already built (the trainer builds it with
             the model).
 
     Raises:
@@ -207,7 +206,7 @@ class GlobalCompileLoss:
 
     Example:
 
-    >>> compiled = GlobalCompileLoss(model._compile_loss)
+    >>> compiled = GlobalCompileLoss(seam.model_compile_loss(model))
     >>> compiled.names, compiled.weights
     (['priority', 'department'], [1.0, 0.2])
     >>> terms = compiled.local_terms(y_true, model(x), sample_weight=None)
@@ -215,7 +214,7 @@ class GlobalCompileLoss:
 
     def __init__(self, compile_loss):
         self.compile_loss = compile_loss
-        flat = compile_loss._flat_losses
+        flat = compile_loss_entries(compile_loss)
         self.losses = [GlobalLoss(entry.loss) for entry in flat]
         self.weights = [1.0 if entry.loss_weights is None else float(entry.loss_weights)
                         for entry in flat]
@@ -260,13 +259,9 @@ class GlobalCompileLoss:
 
         compile_loss = self.compile_loss
         recorders = [entry._replace(loss=recorder(loss), loss_weights=None)
-                     for entry, loss in zip(compile_loss._flat_losses, self.losses)]
-        saved = compile_loss._flat_losses, compile_loss._metrics
+                     for entry, loss in zip(compile_loss_entries(compile_loss), self.losses)]
         # Keras's own per-output trackers would get per-replica values; the
         # trainer records the global ones instead.
-        compile_loss._flat_losses, compile_loss._metrics = recorders, [None] * len(recorders)
-        try:
+        with compile_loss_entries_replaced(compile_loss, recorders):
             compile_loss.call(y_true, y_pred, sample_weight)
-        finally:
-            compile_loss._flat_losses, compile_loss._metrics = saved
         return terms

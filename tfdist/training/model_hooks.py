@@ -22,7 +22,7 @@ preprocessor) are not the user's: the engine's step is used for them.
 
 import contextlib
 
-from keras.src.losses import loss as keras_loss_module
+from tfdist.seam import keras_loss_scaling_disabled
 
 HOOKS = ("train_step", "test_step", "predict_step", "compute_loss")
 """The `keras.Model` methods a model may override to customise training."""
@@ -85,16 +85,5 @@ def keras_losses_unscaled():
     >>> with keras_losses_unscaled():
     ...     value = model.compute_loss(x, y, y_pred)  # the replica's own mean
     """
-    scale = keras_loss_module.scale_loss_for_distribution
-    unscale = keras_loss_module.unscale_loss_for_distribution
-    keras_loss_module.scale_loss_for_distribution = _identity
-    keras_loss_module.unscale_loss_for_distribution = _identity
-    try:
+    with keras_loss_scaling_disabled():
         yield
-    finally:
-        keras_loss_module.scale_loss_for_distribution = scale
-        keras_loss_module.unscale_loss_for_distribution = unscale
-
-
-def _identity(value):
-    return value

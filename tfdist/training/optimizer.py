@@ -1,7 +1,7 @@
 """Applying already all-reduced gradients with a Keras 3 optimizer, once.
 
 Keras 3's TensorFlow optimizer sums gradients across replicas itself, inside
-`optimizer.apply` (`_backend_update_step` -> `_all_reduce_sum_gradients`), and
+`optimizer.apply` (see `tfdist.seam.gradient_sum_skipped`), and
 runs clipping and gradient accumulation *before* that sum, i.e. on each
 replica's partial gradient. tfdist's step sums the gradients itself (so it can
 normalise by the global loss count, clip by the global norm and accumulate
@@ -23,7 +23,8 @@ import contextlib
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+from tfdist.seam import gradient_sum_skipped, gradient_sum_wrapped
 
 
 def optimizer_chain(optimizer):
@@ -117,8 +118,9 @@ def gradients_already_summed(optimizer):
 
     Use it around the code that *traces* a replica function calling
     `optimizer.apply(grads)` with gradients that are already summed across
-    replicas. Inside, Keras's `_all_reduce_sum_gradients` of the optimizer (and
-    of any optimizer it wraps) is the identity; on exit it is restored.
+    replicas. Inside, Keras's cross-replica gradient sum of the optimizer (and
+    of any optimizer it wraps) is the identity (`tfdist.seam.gradient_sum_skipped`);
+    on exit it is restored.
 
     Args:
         optimizer: a Keras 3 TensorFlow-backend optimizer.
@@ -130,16 +132,8 @@ def gradients_already_summed(optimizer):
     ...     with gradients_already_summed(opt):
     ...         strategy.run(replica_fn, args=(data,))
     """
-    patched = []
-    for opt in optimizer_chain(optimizer):
-        if hasattr(opt, "_all_reduce_sum_gradients"):
-            object.__setattr__(opt, "_all_reduce_sum_gradients", _identity)
-            patched.append(opt)
-    try:
+    with gradient_sum_skipped(optimizer_chain(optimizer)):
         yield
-    finally:
-        for opt in patched:
-            object.__delattr__(opt, "_all_reduce_sum_gradients")
 
 
 @contextlib.contextmanager
@@ -150,7 +144,7 @@ def gradients_averaged():
     divides each replica's loss by the number of replicas. A model's own
     `train_step` run by tfdist sees each replica's plain mean loss instead
     (`tfdist.training.model_hooks.keras_losses_unscaled`), so the optimizer
-    must average: inside this context `_all_reduce_sum_gradients` of every
+    must average: inside this context the gradient sum (`tfdist.seam.gradient_sum_wrapped`) of every
     TensorFlow-backend Keras optimizer (class-wide, so optimizers the model
     keeps in its own attributes are covered too) divides by the number of
     replicas before its sum. Use it around the code that *traces* the step.
@@ -160,20 +154,17 @@ def gradients_averaged():
     >>> with gradients_averaged(), keras_losses_unscaled():
     ...     strategy.run(model.train_step, args=(batch,))
     """
-    original = TFOptimizer._all_reduce_sum_gradients
+    def averaging(original):
+        def average(self, grads_and_vars):
+            context = tf.distribute.get_replica_context()
+            if context is None or context.num_replicas_in_sync == 1:
+                return original(self, grads_and_vars)
+            factor = 1.0 / context.num_replicas_in_sync
+            return original(self, [(scale_gradient(g, factor), v) for g, v in grads_and_vars])
+        return average
 
-    def average(self, grads_and_vars):
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync == 1:
-            return original(self, grads_and_vars)
-        factor = 1.0 / context.num_replicas_in_sync
-        return original(self, [(scale_gradient(g, factor), v) for g, v in grads_and_vars])
-
-    TFOptimizer._all_reduce_sum_gradients = average
-    try:
+    with gradient_sum_wrapped(averaging):
         yield
-    finally:
-        TFOptimizer._all_reduce_sum_gradients = original
 
 
 def scale_gradient(grad, factor):
@@ -207,10 +198,6 @@ def loss_scale(optimizer):
     1.0
     """
     return tf.cast(optimizer.scale_loss(tf.constant(1.0, tf.float32)), tf.float32)
-
-
-def _identity(grads_and_vars):
-    return grads_and_vars
 
 
 def variables_outside_scope(variables, strategy):

@@ -5,7 +5,7 @@ knows how it will be split, and under a strategy's scope they are the
 strategy's (mirrored over its replica devices). `place_stages` therefore
 *re-creates* them: every Keras variable of stage s gets a new plain
 `tf.Variable` on stage s's device holding its current value, swapped in as
-the Keras variable's storage (`keras.Variable._value`; Keras's TensorFlow
+the Keras variable's storage (`tfdist.seam.set_variable_storage`; Keras's TensorFlow
 backend accepts a `tf.Variable` as a variable's storage, and checkpoints,
 `get_weights` and the layers all go through the Keras variable, so nothing
 else changes). The model's metric variables move to the last stage's device
@@ -32,10 +32,12 @@ import contextlib
 
 import keras
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import resource_variable_ops
 
+from tfdist.seam import (create_plain_variable, default_strategy, is_plain_resource_variable,
+                         new_resource_variable, optimizer_weight_decay_method,
+                         override_weight_decay_method, restore_weight_decay_method,
+                         set_optimizer_strategy, set_variable_storage, strategy_scopes_hidden,
+                         variable_storage)
 from tfdist.training.optimizer import optimizer_chain
 
 
@@ -142,7 +144,7 @@ def place_stages(stages, model, optimizer):
         # The optimizer updates plain variables with the default strategy's
         # update (`extended.update` of a mirrored strategy accepts only its
         # own variables); the cross-worker sum is the pipeline's own.
-        opt._distribution_strategy = distribute_lib._get_default_strategy()
+        set_optimizer_strategy(opt, default_strategy())
     with outside_strategy_scopes(), tf.device(last), plain_variables():
         optimizer.build(model.trainable_variables)
 
@@ -160,8 +162,8 @@ def place_metric_variables(model, device):
     """
     target = tf.DeviceSpec.from_string(device)
     for variable in model.metrics_variables:
-        storage = variable._value
-        if (type(storage) is resource_variable_ops.ResourceVariable
+        storage = variable_storage(variable)
+        if (is_plain_resource_variable(storage)
                 and tf.DeviceSpec.from_string(storage.device).device_index == target.device_index):
             continue
         move_variable(variable, device)
@@ -183,21 +185,22 @@ def move_variable(variable, device):
     True
     """
     with tf.init_scope():
-        value = tf.convert_to_tensor(variable._value) if variable._value is not None else None
+        storage = variable_storage(variable)
+        value = tf.convert_to_tensor(storage) if storage is not None else None
         if value is None:
             raise StagePlacementError(f"The variable {variable.path!r} has no value yet.")
         with tf.device(device):
-            storage = resource_variable_ops.ResourceVariable(
+            storage = new_resource_variable(
                 initial_value=tf.identity(value), trainable=variable.trainable,
                 name=variable.name, dtype=value.dtype)
-    variable._value = storage
+    set_variable_storage(variable, storage)
 
 
 @contextlib.contextmanager
 def deferred_build(optimizer):
     """Context in which Keras does not build `optimizer` (None: no effect).
 
-    Keras's `Model._symbolic_build`, which builds the model and its metrics
+    Keras's symbolic build (`tfdist.seam.symbolic_build`), which builds the model and its metrics
     from the data, also builds the optimizer, creating its slot variables
     next to the model's variables before they are placed. Inside this
     context the optimizer reads as built, so that `place_stages` can build it
@@ -206,7 +209,7 @@ def deferred_build(optimizer):
     Example:
 
     >>> with deferred_build(model.optimizer):
-    ...     model._symbolic_build(data_batch=spec)
+    ...     seam.symbolic_build(model, data_batch=spec)
     >>> model.optimizer.built
     False
     """
@@ -232,7 +235,7 @@ def plain_variables():
     def create(next_creator, **kwargs):  # pylint: disable=unused-argument
         for name in ("synchronization", "aggregation"):
             kwargs.pop(name, None)
-        return resource_variable_ops.default_variable_creator_v2(None, **kwargs)
+        return create_plain_variable(**kwargs)
 
     with tf.variable_creator_scope(create):
         yield
@@ -258,13 +261,8 @@ def outside_strategy_scopes():
     ...         tf.distribute.has_strategy()
     False
     """
-    graph = ops.get_default_graph()
-    saved = list(graph._distribution_strategy_stack)
-    graph._distribution_strategy_stack = []
-    try:
+    with strategy_scopes_hidden():
         yield
-    finally:
-        graph._distribution_strategy_stack = saved
 
 
 @contextlib.contextmanager
@@ -272,7 +270,7 @@ def updates_on_variable_devices(optimizer):
     """Context in which the optimizer computes each variable's update on that variable's device.
 
     Keras's `optimizer.apply` updates each variable through `update_step`
-    (and AdamW-style decay through `_apply_weight_decay`) without a device;
+    (and AdamW-style decay through its weight-decay method) without a device;
     inside this context both run under `tf.device(<the variable's device>)`,
     so a stage's optimizer arithmetic stays with the stage. Use it around the
     code that *traces* `optimizer.apply`.
@@ -284,7 +282,7 @@ def updates_on_variable_devices(optimizer):
     """
     patched = []
     for opt in optimizer_chain(optimizer):
-        step, decay = opt.update_step, opt._apply_weight_decay
+        step, decay = opt.update_step, optimizer_weight_decay_method(opt)
 
         def update_step(gradient, variable, learning_rate, _step=step):
             with tf.device(_device_of(variable)):
@@ -299,14 +297,14 @@ def updates_on_variable_devices(optimizer):
                     _decay(group)
 
         object.__setattr__(opt, "update_step", update_step)
-        object.__setattr__(opt, "_apply_weight_decay", apply_weight_decay)
+        override_weight_decay_method(opt, apply_weight_decay)
         patched.append(opt)
     try:
         yield
     finally:
         for opt in patched:
             object.__delattr__(opt, "update_step")
-            object.__delattr__(opt, "_apply_weight_decay")
+            restore_weight_decay_method(opt)
 
 
 def _device_of(variable):

@@ -45,7 +45,10 @@ import dataclasses
 
 import keras
 import numpy as np
-from keras.src import tree
+from keras import tree
+
+from tfdist.seam import (direct_sublayers, has_layer_graph, nodes_by_depth, outputs_structure,
+                         producing_layer_name, sequential_graph, standardized_inputs)
 
 SPLIT_RULES = ("stage_boundaries", "repeated blocks", "parameter balance")
 """The split rules, in the order they are tried (see the module docstring)."""
@@ -175,15 +178,14 @@ def layer_graph(model):
     ['token_ids', 'embedding']
     """
     if isinstance(model, keras.Sequential):
-        graph = getattr(model, "_functional", None)
+        graph = sequential_graph(model)
         if graph is None:
             raise StageSplitError(
                 f"The Sequential model {model.name!r} is not built, so its layer graph is "
                 "unknown. Start it with keras.Input(shape) (or call model.build(input_shape)) "
                 "before splitting it into stages.")
         return graph
-    if isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth") and hasattr(
-            model, "_outputs_struct"):
+    if isinstance(model, keras.Model) and has_layer_graph(model):
         return model
     raise StageSplitError(
         f"The model {model.name!r} is a subclassed keras.Model ({type(model).__name__}) "
@@ -338,7 +340,7 @@ def _block_signature(layer):
 def _is_block(layer):
     """Whether `layer` is made of sub-layers (a block), not a single Dense, norm or conv."""
     return isinstance(layer, keras.layers.Layer) and bool(
-        layer._flatten_layers(include_self=False, recursive=False))
+        direct_sublayers(layer))
 
 
 def _balanced_starts(layers, num_stages):
@@ -426,8 +428,8 @@ def split_model(model, plan):
     """
     graph = layer_graph(model)
     stage_of = {name: stage.index for stage in plan.stages for name in stage.layers}
-    nodes = [node for depth in sorted(graph._nodes_by_depth, reverse=True)
-             for node in graph._nodes_by_depth[depth]
+    nodes = [node for depth in sorted(nodes_by_depth(graph), reverse=True)
+             for node in nodes_by_depth(graph)[depth]
              if node.operation is not None and not node.is_input]
     producer = {}  # tensor key -> stage (-1: a model input)
     for tensor in graph.inputs:
@@ -447,7 +449,7 @@ def split_model(model, plan):
                 raise StageSplitError(
                     f"The layer {node.operation.name!r} (stage {stage}) of the model "
                     f"{model.name!r} reads a tensor made in stage {source} by "
-                    f"{tensor._keras_history.operation.name!r}: a layer called twice (shared "
+                    f"{producing_layer_name(tensor)!r}: a layer called twice (shared "
                     "weights) or a graph whose order does not follow the stages. Put both "
                     "calls in one stage with stage_boundaries=[...], or use fewer stages.")
             consumers.setdefault(id(tensor), set()).add(stage)
@@ -512,7 +514,7 @@ def pack_outputs(model, flat_outputs):
 
     >>> y_pred = pack_outputs(model, [logits])  # a single output: the tensor itself
     """
-    structure = layer_graph(model)._outputs_struct
+    structure = outputs_structure(layer_graph(model))
     packed = tree.pack_sequence_as(structure, list(flat_outputs))
     if isinstance(packed, (list, tuple)) and len(packed) == 1:
         return packed[0]
@@ -527,7 +529,7 @@ def flat_inputs(model, x):
     >>> flat_inputs(model, {"token_ids": ids})
     [<tf.Tensor ...>]
     """
-    return layer_graph(model)._standardize_inputs(x)
+    return standardized_inputs(layer_graph(model), x)
 
 
 def _check_no_shared_weights(model, stages):
