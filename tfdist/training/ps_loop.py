@@ -232,7 +232,7 @@ class WorkerSteps:
         zeros = [tf.zeros(v.shape, v.dtype) for v in self.metric_variables]
         with keras.StatelessScope(state_mapping=list(zip(self.metric_variables, zeros))) as scope:
             engine._update_metrics(x, y, y_pred, mask, sample_weight)
-            engine._record_loss(totals, stats[engine._examples_index])
+            engine._record_loss(totals, engine.loss_stats.examples(stats))
         return [tf.convert_to_tensor(scope.get_current_value(v)) for v in self.metric_variables]
 
     def _one_step(self, iterator):

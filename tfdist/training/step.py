@@ -47,6 +47,7 @@ from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
 from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
+from tfdist.training.step_kinds import LossStatsLayout
 
 
 class StepFunctions:
@@ -102,20 +103,17 @@ class StepFunctions:
         self.grad_accum_steps = grad_accum_steps
         self.clip_norm = clip_norm
         self.normalized = custom_loss or loss is None or loss.normalized
-        # Statistics carried next to the gradients: the K compiled losses'
-        # numerators and counts, then the replica's weight c, c * regularisation
-        # and its number of examples.
-        self._losses = 1 if (custom_loss or loss is None) else len(loss.losses)
-        k = self._losses
-        self._weight_index, self._reg_index, self._examples_index = 2 * k, 2 * k + 1, 2 * k + 2
-        self._stats = 2 * k + 3
+        # Statistics carried next to the gradients (see LossStatsLayout).
+        self.loss_stats = LossStatsLayout(
+            1 if (custom_loss or loss is None) else len(loss.losses))
         self._sum_weight = 1.0 / (grad_accum_steps * strategy.num_replicas_in_sync)
         # One replica, no accumulation: c * dJ / sum(c) is dJ, and nothing to all-reduce.
         self._single = strategy.num_replicas_in_sync == 1 and grad_accum_steps == 1
         self.accumulator = None
         if grad_accum_steps > 1:
             with strategy.scope():
-                self.accumulator = GradientAccumulator(model.trainable_variables, self._stats)
+                self.accumulator = GradientAccumulator(model.trainable_variables,
+                                                       self.loss_stats.size)
                 self.micro_step = tf.Variable(
                     0, dtype=tf.int64, trainable=False, name="micro_step",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -154,7 +152,8 @@ class StepFunctions:
                 value = model_loss_value(self.model, x=x, y=y, y_pred=y_pred,
                                          sample_weight=sample_weight, training=training)
             value = tf.cast(value, tf.float32)
-            stats = tf.stack([value * examples, examples, examples, tf.zeros(()), examples])
+            stats = self.loss_stats.build([value * examples], [examples], examples,
+                                          tf.zeros(()), examples)
             return y_pred, value, examples, stats
         reg = _regularization(self.model)
         if self.loss is None and not self.model.losses:
@@ -164,7 +163,8 @@ class StepFunctions:
                 "compute_loss or train_step/test_step. Pass loss= to model.compile() "
                 "(or to the Trainer).")
         if self.loss is None:  # add_loss terms only
-            stats = tf.stack([tf.zeros(()), examples, examples, examples * reg, examples])
+            stats = self.loss_stats.build([tf.zeros(())], [examples], examples, examples * reg,
+                                          examples)
             return y_pred, reg, examples, stats
         terms = self.loss.local_terms(y, y_pred, sample_weight)
         self._check_proportional(terms)
@@ -177,8 +177,8 @@ class StepFunctions:
             objective = tf.add_n([w * t.numerator for w, t in zip(weights, terms)]
                                  ) + self._sum_weight * reg
             weight = tf.constant(self._sum_weight, tf.float32)
-        stats = tf.stack([t.numerator for t in terms] + [t.count for t in terms]
-                         + [weight, weight * reg, examples])
+        stats = self.loss_stats.build([t.numerator for t in terms], [t.count for t in terms],
+                                      weight, weight * reg, examples)
         return y_pred, objective, weight, stats
 
     def _check_proportional(self, terms):
@@ -234,18 +234,11 @@ class StepFunctions:
         regularisation), what the summed gradients are divided by, and each
         compiled loss's own global value (unweighted, as Keras logs it).
         """
-        k = self._losses
-        weight = totals[self._weight_index]
-        reg = tf.math.divide_no_nan(totals[self._reg_index], weight)
-        numerators, counts = totals[:k], totals[k:2 * k]
-        weights = [1.0] * k if self.loss is None or self.custom_loss else self.loss.weights
-        if self.normalized:
-            per_loss = [tf.math.divide_no_nan(numerators[i], counts[i]) for i in range(k)]
-            divisor = weight
-        else:
-            per_loss = [numerators[i] for i in range(k)]
-            divisor = tf.constant(1.0, tf.float32)
-        total = tf.add_n([w * value for w, value in zip(weights, per_loss)]) + reg
+        layout = self.loss_stats
+        weights = ([1.0] * layout.num_losses if self.loss is None or self.custom_loss
+                   else self.loss.weights)
+        total, per_loss = layout.global_loss(totals, weights, self.normalized)
+        divisor = layout.weight(totals) if self.normalized else tf.constant(1.0, tf.float32)
         return total, divisor, per_loss
 
     def _record_loss(self, totals, examples):
@@ -263,14 +256,14 @@ class StepFunctions:
         """All-reduce, normalise, clip and apply; records the loss (unless
         `record` is False). Returns the all-reduced statistics."""
         variables = self.model.trainable_variables
-        examples_index = self._examples_index
+        summed_stats = self.loss_stats.summed(stats)
         present = [i for i, g in enumerate(grads) if g is not None]
         if self._single:
-            reduced = [grads[i] for i in present] + [stats[:examples_index]]
+            reduced = [grads[i] for i in present] + [summed_stats]
         else:
             reduced = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM,
-                [grads[i] for i in present] + [stats[:examples_index]])
+                [grads[i] for i in present] + [summed_stats])
         totals = reduced[-1]
         _, divisor, _ = self._global_loss(totals)
         summed = reduced[:-1]
@@ -283,7 +276,7 @@ class StepFunctions:
             full[i] = g
         self.optimizer.apply(full, variables)
         if record:
-            self._record_loss(totals, stats[examples_index])
+            self._record_loss(totals, self.loss_stats.examples(stats))
         return totals
 
     def _replica_train(self, data):
@@ -307,11 +300,11 @@ class StepFunctions:
         x, y, sample_weight = unpack(data, need_targets=False)
         stats, y_pred, mask = self._compute_loss_terms(x, y, sample_weight)
         self._update_metrics(x, y, y_pred, mask, sample_weight)
-        totals = stats[:self._examples_index]
+        totals = self.loss_stats.summed(stats)
         if not self._single:
             totals = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, totals)
-        self._record_loss(totals, stats[self._examples_index])
+        self._record_loss(totals, self.loss_stats.examples(stats))
 
     def _replica_predict(self, data):
         x, _, _ = unpack(data, need_targets=False)

@@ -79,6 +79,7 @@ from tfdist.training.optimizer import gradients_already_summed, loss_scale, scal
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
 from tfdist.training.step import run_steps, skip_batches
+from tfdist.training.step_kinds import LossStatsLayout
 
 MICRO_BATCHES_PER_STAGE = 2
 """Default micro-batches per step: `2 * model_parallel` (see `default_micro_batches`)."""
@@ -253,9 +254,7 @@ class PipelineStepFunctions:
         self.accumulator = None
         self.workers = num_workers(strategy)
         self.normalized = loss is None or loss.normalized
-        self._losses = 1 if loss is None else len(loss.losses)
-        k = self._losses
-        self._weight_index, self._reg_index, self._examples_index = 2 * k, 2 * k + 1, 2 * k + 2
+        self.loss_stats = LossStatsLayout(1 if loss is None else len(loss.losses))
         self._sum_weight = 1.0 / (micro_batches * self.workers)
         # The weight of a non-last stage's regularisation in J_m (see `_loss_terms`).
         self._reg_factor = 1.0 if self.normalized else self._sum_weight
@@ -371,7 +370,8 @@ class PipelineStepFunctions:
                     f"No loss to compute for the model {self.model.name!r}: it was compiled "
                     "without a loss and has no add_loss() terms. Pass loss= to "
                     "model.compile() (or to the Trainer).")
-            stats = tf.stack([tf.zeros(()), examples, examples, examples * reg_total, examples])
+            stats = self.loss_stats.build([tf.zeros(())], [examples], examples,
+                                          examples * reg_total, examples)
             return reg_last, examples, stats
         terms = self.loss.local_terms(y, y_pred, sample_weight)
         self._check_proportional(terms)
@@ -384,8 +384,8 @@ class PipelineStepFunctions:
             weight = tf.constant(self._sum_weight, tf.float32)
             objective = tf.add_n([w * t.numerator for w, t in zip(weights, terms)]) + (
                 weight * reg_last)
-        stats = tf.stack([t.numerator for t in terms] + [t.count for t in terms]
-                         + [weight, weight * reg_total, examples])
+        stats = self.loss_stats.build([t.numerator for t in terms], [t.count for t in terms],
+                                      weight, weight * reg_total, examples)
         return objective, weight, stats
 
     def _check_proportional(self, terms):
@@ -476,7 +476,7 @@ class PipelineStepFunctions:
                        for v, g in zip(stage.trainable_variables, grads)}
         variables = self.model.trainable_variables
         self.optimizer.apply([by_variable.get(id(v)) for v in variables], variables)
-        self._record_loss(totals, stats[self._examples_index])
+        self._record_loss(totals, self.loss_stats.examples(stats))
 
     def _pipeline_gradients(self, x, y, sample_weight, scale):
         """The GPipe schedule on this worker's batch: every micro-batch's forward,
@@ -502,9 +502,9 @@ class PipelineStepFunctions:
         """All-reduces the stages' sums and the statistics across workers and divides
         by `D`, each stage on its device; returns `(gradients by stage, totals)`."""
         flat = [g for stage in sums for g in stage if g is not None]
-        reduced = self._sum_across_workers(flat + [stats[:self._examples_index]])
+        reduced = self._sum_across_workers(flat + [self.loss_stats.summed(stats)])
         totals = reduced[-1]
-        divisor = totals[self._weight_index] if self.normalized else None
+        divisor = self.loss_stats.weight(totals) if self.normalized else None
         position, summed = 0, []
         for stage, stage_sums in zip(self.stages, sums):
             with tf.device(stage.device), tf.name_scope(f"stage_{stage.index}/scale"):
@@ -559,21 +559,13 @@ class PipelineStepFunctions:
                     for m, part in enumerate(self._micro_batches(x, y, sample_weight))]
         with tf.device(self.stages[-1].device):
             stats = tf.add_n([forward["stats"] for forward in forwards])
-        totals = self._sum_across_workers([stats[:self._examples_index]])[0]
-        self._record_loss(totals, stats[self._examples_index])
+        totals = self._sum_across_workers([self.loss_stats.summed(stats)])[0]
+        self._record_loss(totals, self.loss_stats.examples(stats))
 
     def _global_loss(self, totals):
         """`(total loss, per-loss values)` of the global batch from summed statistics."""
-        k = self._losses
-        weight = totals[self._weight_index]
-        reg = tf.math.divide_no_nan(totals[self._reg_index], weight)
-        numerators, counts = totals[:k], totals[k:2 * k]
-        weights = [1.0] * k if self.loss is None else self.loss.weights
-        if self.normalized:
-            per_loss = [tf.math.divide_no_nan(numerators[i], counts[i]) for i in range(k)]
-        else:
-            per_loss = [numerators[i] for i in range(k)]
-        return tf.add_n([w * value for w, value in zip(weights, per_loss)]) + reg, per_loss
+        weights = [1.0] * self.loss_stats.num_losses if self.loss is None else self.loss.weights
+        return self.loss_stats.global_loss(totals, weights, self.normalized)
 
     def _record_loss(self, totals, examples):
         with tf.device(self.stages[-1].device):
