@@ -144,3 +144,21 @@ def test_an_evaluator_may_sit_outside_the_cluster_as_in_tensorflow():
     assert not config.is_chief
     with pytest.raises(TFConfigError, match="index 1 is out of range for an evaluator"):
         parse_tf_config({"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 1}})
+
+
+def test_config_from_resolver_reads_any_cluster_resolver():
+    import tensorflow as tf
+
+    from tfdist.distribute.tf_config import config_from_resolver
+
+    spec = tf.train.ClusterSpec({"chief": ["a:1"], "worker": ["b:2", "c:3"]})
+    config = config_from_resolver(
+        tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="worker", task_id=1))
+    assert config == parse_tf_config({"cluster": {"chief": ["a:1"], "worker": ["b:2", "c:3"]},
+                                      "task": {"type": "worker", "index": 1}})
+    assert config.own_address == "c:3" and config.num_workers == 3 and not config.is_chief
+    assert config_from_resolver(tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({}))) is None
+    with pytest.raises(ValueError,
+                       match=r"names a cluster but not this process's task.*task_type=None"):
+        config_from_resolver(tf.distribute.cluster_resolver.SimpleClusterResolver(spec))
