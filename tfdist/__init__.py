@@ -3,16 +3,26 @@
 The package root stays light (no TensorFlow import) so that tools such as the
 launcher start instantly; importing it makes the program's first
 `import tensorflow` quiet (`tfdist.runtime.tf_logging.quiet_tensorflow_import`).
-Import what you need from the sub-modules:
+The two names most programs need load on first use:
 
-    from tfdist.distribute.strategy import create_strategy
-    from tfdist.training import Trainer
+    import tfdist
+    strategy = tfdist.create_strategy("mirrored")
+    trainer = tfdist.Trainer(model)       # model: any compiled Keras 3 model
 """
 
+from tfdist.runtime.lazy_exports import lazy_exports
+from tfdist.old_paths import install_old_paths
 from tfdist.runtime.tf_logging import quiet_tensorflow_import
 
 __version__ = "0.1.0"
 
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "Trainer": "tfdist.training.trainer",
+    "create_strategy": "tfdist.distribute.strategy_factory",
+})
+
 # TensorFlow's C++ start-up lines stay hidden when it is imported after tfdist
 # (TF_CPP_MIN_LOG_LEVEL=0 shows them); see tfdist.runtime.tf_logging.
 quiet_tensorflow_import()
+# `from tfdist.strategy import ...` and the other paths of the last release.
+install_old_paths()
