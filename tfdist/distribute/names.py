@@ -31,6 +31,10 @@ ALL_REDUCE_NAMES = {
 }
 """All-reduce implementations each strategy accepts (None = TensorFlow's choice)."""
 
+CLUSTER_RESOLVER_NAMES = ("tf_config", "slurm")
+"""Names `create_strategy`'s `cluster_resolver` accepts besides a ClusterResolver instance
+(the recipes' `--cluster-resolver` choices)."""
+
 
 def check_strategy_name(name):
     """Validates a strategy name without starting TensorFlow; returns its canonical key.

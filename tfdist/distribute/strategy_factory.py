@@ -24,9 +24,9 @@ from tfdist.distribute.tf_config import (TRAINING_TASK_TYPES, ClusterConfig,  # 
                                          parse_tf_config)
 from tfdist.distribute.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
 from tfdist.distribute.ports import check_port_free
-from tfdist.distribute.names import (ALL_REDUCE_NAMES, STRATEGY_NAMES,  # noqa: F401 (re-exported)
-                                  UNSUPPORTED_STRATEGIES, check_all_reduce_name,
-                                  check_strategy_name)
+from tfdist.distribute.names import (ALL_REDUCE_NAMES, CLUSTER_RESOLVER_NAMES,  # noqa: F401
+                                    STRATEGY_NAMES, UNSUPPORTED_STRATEGIES,  # (re-exported)
+                                    check_all_reduce_name, check_strategy_name)
 from tfdist.distribute.introspection import describe_strategy, remember_creation
 from tfdist.distribute.slurm import slurm_resolver
 from tfdist.distribute.startup import (bound_cluster_registration, check_connectivity,
@@ -34,9 +34,6 @@ from tfdist.distribute.startup import (bound_cluster_registration, check_connect
                                        write_ready_file)
 
 logger = logging.getLogger("tfdist")
-
-CLUSTER_RESOLVER_NAMES = ("tf_config", "slurm")
-"""Names `cluster_resolver` accepts besides a ClusterResolver instance."""
 
 DEVICES_PER_WORKER_ENV = "TFDIST_DEVICES_PER_WORKER"
 
