@@ -1,0 +1,45 @@
+"""Collects the Python code blocks of README.md and docs/*.md as tests.
+
+pytest-markdown-docs runs each ```python block of those files (in-process, in
+a temporary working directory); a block fenced ```python notest is skipped,
+and the page says in a sentence why (tests/docs/test_code_blocks.py checks
+that). The plugin's own `--markdown-docs` switch is not used: it would also
+import every .py file under tests/ (worker scripts included) to search their
+docstrings, which changes what tests/ collects.
+"""
+
+import os
+import pathlib
+import tempfile
+
+import pytest
+from pytest_markdown_docs.plugin import MarkdownInlinePythonItem, MarkdownTextFile
+
+ROOT = pathlib.Path(__file__).parent
+DOCS = ROOT / "docs"
+
+
+def is_documentation(path):
+    """Whether `path` is README.md or a page under docs/ (the files whose blocks run)."""
+    path = pathlib.Path(path)
+    return path.suffix == ".md" and (path == ROOT / "README.md" or DOCS in path.parents)
+
+
+def pytest_collect_file(file_path, parent):
+    if is_documentation(file_path) and not parent.config.option.markdowndocs:
+        return MarkdownTextFile.from_parent(parent, path=pathlib.Path(file_path))
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A documentation block runs in a fresh temporary folder (it may write files)."""
+    if not isinstance(item, MarkdownInlinePythonItem):
+        return (yield)
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="tfdist-docs-block-", ignore_cleanup_errors=True) as folder:
+        os.chdir(folder)
+        try:
+            return (yield)
+        finally:
+            os.chdir(previous)
