@@ -207,7 +207,7 @@ def test_the_recorder_matches_tensorflows_real_api():
 def test_a_recipe_run_says_once_that_growth_has_no_effect_and_records_it(tmp_path):
     import yaml
 
-    from recipe_util import run_recipe
+    from helpers.recipe_util import run_recipe
 
     result = run_recipe("transformer", [
         "--gpu-memory", "growth", "--epochs", "1", "--steps-per-epoch", "2", "--warmup-steps", "0",
