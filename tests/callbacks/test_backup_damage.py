@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_callback_backup import Interrupted, InterruptAt, make_trainer, train
+from helpers.interrupt import Interrupted, InterruptAfterSteps
+from test_callback_backup import make_trainer, train
 from tfdist.callbacks.backup import (BackupAndResume, BackupIndexError, BackupWriteError,
                                      BackupWriter, ResumeWarning, describe_backup,
                                      latest_backup, list_backups, read_backup)
@@ -56,7 +57,7 @@ def written(tmp_path_factory):
     folder = tmp_path_factory.mktemp("written") / "backup"
     with pytest.raises(Interrupted):
         train(tf.distribute.get_strategy(),
-              [BackupAndResume(folder, save_freq=2, max_to_keep=3, verbose=0), InterruptAt(7)])
+              [BackupAndResume(folder, save_freq=2, max_to_keep=3, verbose=0), InterruptAfterSteps(7)])
     assert [read_backup(p).global_step for p in list_backups(folder)] == [2, 4, 6]
     return folder
 

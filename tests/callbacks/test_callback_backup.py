@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers.interrupt import Interrupted, InterruptAfterSteps
 from helpers.mw import launch
+from helpers.recorders import BatchRecorder
 from tfdist.callbacks.backup import (BackupAndResume, BackupWriter, ResumeWarning,
                                      latest_backup, list_backups, read_backup)
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
@@ -32,43 +34,15 @@ BATCH = 8
 EXAMPLES = 70  # 9 batches per epoch, the last one short
 
 
-class Interrupted(Exception):
-    pass
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Raises `Interrupted` at the batch end where `global_step` batches have run."""
-
-    def __init__(self, global_step):
-        super().__init__()
-        self.global_step, self.seen, self.epoch_base = global_step, 0, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch_base = self.seen
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen = self.epoch_base + batch + 1
-        if self.seen >= self.global_step:
-            raise Interrupted(f"interrupted at global step {self.seen}")
-
-
-class Recorder(keras.callbacks.Callback):
+class BatchAndLossScaleRecorder(BatchRecorder):
     """Records (epoch, batch) of batch ends, and the loss scale when training begins."""
 
-    def __init__(self):
-        super().__init__()
-        self.batches, self.epoch, self.scale_at_begin = [], None, None
+    scale_at_begin = None
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             self.scale_at_begin = float(optimizer.dynamic_scale.numpy())
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.batches.append((self.epoch, batch))
 
 
 def make_trainer(strategy, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.9),
@@ -135,7 +109,7 @@ def test_resumes_at_the_exact_step_and_ends_like_an_uninterrupted_run(tmp_path, 
     strategy = strategy_named(name)
     built = make_trainer(strategy, **trainer_options)
     with pytest.raises(Interrupted):
-        train(strategy, [first, InterruptAt(interrupt_at)], trainer=built, **fit_options)
+        train(strategy, [first, InterruptAfterSteps(interrupt_at)], trainer=built, **fit_options)
     saved = first.last_backup
     assert saved is not None and saved.global_step < interrupt_at
     assert latest_backup(backup_dir) == saved
@@ -143,7 +117,8 @@ def test_resumes_at_the_exact_step_and_ends_like_an_uninterrupted_run(tmp_path, 
     assert saved.iterations == saved.global_step // accumulate
     assert saved.global_step % accumulate == 0  # only between optimizer updates
 
-    second, recorder = BackupAndResume(backup_dir, save_freq=save_freq, verbose=0), Recorder()
+    second = BackupAndResume(backup_dir, save_freq=save_freq, verbose=0)
+    recorder = BatchAndLossScaleRecorder()
     if accumulate > 1:
         # The same trainer: its half-done accumulation is dropped on resume.
         assert not built[1]._update_boundary()
@@ -176,14 +151,14 @@ def test_mixed_float16_resume_restores_the_dynamic_loss_scale(tmp_path):
     backup_dir = tmp_path / "backup"
     first = BackupAndResume(backup_dir, save_freq=5, verbose=0)
     with pytest.raises(Interrupted):
-        train(common.mirrored(2), [first, InterruptAt(17)], **kwargs)
+        train(common.mirrored(2), [first, InterruptAfterSteps(17)], **kwargs)
     saved = first.last_backup
     assert saved.global_step == 15
     scale = tf.train.load_checkpoint(saved.path).get_tensor(
         "optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE")
     assert scale == 2.0 ** 15  # grown 5 times (every 3 steps), not the initial 2 ** 10
 
-    second, recorder = BackupAndResume(backup_dir, verbose=0), Recorder()
+    second, recorder = BackupAndResume(backup_dir, verbose=0), BatchAndLossScaleRecorder()
     (model, trainer), resumed, _ = train(common.mirrored(2), [second, recorder], **kwargs)
     assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert model.layers[0].compute_dtype == "float16"
@@ -210,7 +185,7 @@ def test_keras_fit_resumes_at_the_epoch_start_and_warns_that_the_partial_epoch_i
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         keras_fit([BackupAndResume(backup_dir, save_freq=3, max_to_keep=5, verbose=0),
-                   InterruptAt(16)])
+                   InterruptAfterSteps(16)])
     assert latest_backup(backup_dir).step == 6  # mid-epoch 1 (global step 15)
     backup = BackupAndResume(backup_dir, save_freq=3, verbose=0)
     with pytest.warns(ResumeWarning, match="partial epoch .* is redone"):
@@ -228,7 +203,7 @@ def test_keras_fit_without_the_epoch_start_backup_redoes_batches_and_says_so(tmp
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         keras_fit([BackupAndResume(backup_dir, save_freq=3, max_to_keep=1, verbose=0),
-                   InterruptAt(16)])
+                   InterruptAfterSteps(16)])
     backup = BackupAndResume(backup_dir, verbose=0)
     with pytest.warns(ResumeWarning, match="first 6 batches are trained a second time"):
         weights, history = keras_fit([backup])
@@ -253,7 +228,7 @@ def test_keeps_the_last_k_backups_across_restarts(tmp_path):
     backup_dir = tmp_path / "backup"
     callback = BackupAndResume(backup_dir, save_freq=2, max_to_keep=3, verbose=0)
     with pytest.raises(Interrupted):
-        train(tf.distribute.get_strategy(), [callback, InterruptAt(11)])
+        train(tf.distribute.get_strategy(), [callback, InterruptAfterSteps(11)])
     # Steps 2, 4, 6, 8, epoch end (9), 10: six backups written, three kept.
     assert callback.backups_written == 6
     names = [os.path.basename(p) for p in list_backups(backup_dir)]
@@ -407,7 +382,7 @@ def test_unreadable_newest_backup_falls_back_to_the_previous_one(tmp_path):
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         train(tf.distribute.get_strategy(),
-              [BackupAndResume(backup_dir, save_freq=3, verbose=0), InterruptAt(7)])
+              [BackupAndResume(backup_dir, save_freq=3, verbose=0), InterruptAfterSteps(7)])
     newest, previous = list_backups(backup_dir)[-1], list_backups(backup_dir)[-2]
     data_file = newest + ".data-00000-of-00001"
     with open(data_file, "r+b") as f:  # a disk error in the newest backup's data
@@ -463,7 +438,7 @@ def test_resuming_with_fewer_steps_per_epoch_is_a_clear_error(tmp_path):
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         train(tf.distribute.get_strategy(),
-              [BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAt(5)],
+              [BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAfterSteps(5)],
               repeat=True, steps_per_epoch=6)
     with pytest.raises(ValueError, match=r"cannot resume from .*ckpt-1 \(epoch 0, step 4.*"
                                          r"step=4 is beyond steps_per_epoch=3"):
@@ -475,7 +450,7 @@ def test_resuming_with_less_data_than_consumed_is_a_clear_error(tmp_path):
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         train(tf.distribute.get_strategy(),
-              [BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAt(7)])
+              [BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAfterSteps(7)])
     model, trainer = make_trainer(tf.distribute.get_strategy())
     short = common.dataset(common.regression_arrays(n=2 * BATCH), BATCH)
     with pytest.raises(ValueError, match="skip the 4 batches .* ran out after 2"):

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import mw
+from helpers.tf_config import tf_config
 from tfdist.callbacks.chief import is_chief, model_strategy, task_info
 from tfdist.callbacks.chief_logging import ChiefOnly, make_logging_callbacks
 from tfdist.distribute.strategy_factory import create_strategy
@@ -25,13 +26,6 @@ from helpers.workers.train_common import OnReadCounter
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 _key_base = itertools.count(500)  # far from the ranges other test files use
-
-
-def tf_config(task_type, index, chief=False, workers=2):
-    cluster = {"worker": [f"localhost:{1000 + i}" for i in range(workers)]}
-    if chief:
-        cluster["chief"] = ["localhost:999"]
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
 def mirrored():

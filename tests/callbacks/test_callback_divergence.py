@@ -24,6 +24,7 @@ from tfdist.callbacks.loss_health import HEALTH_ATTRIBUTE, LossHealth
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config
 from tfdist.recipes.recipe_runner import divergence_guard
 from tfdist.training import Trainer
+from helpers.interrupt import Interrupted, InterruptAfterSteps
 from helpers.workers import train_common as common
 
 
@@ -195,26 +196,6 @@ class ShiftAt(keras.callbacks.Callback):
             bias.assign(bias.numpy() + self.value)
 
 
-class Interrupted(Exception):
-    pass
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Raises `Interrupted` once `step` batches have run (a killed job)."""
-
-    def __init__(self, step):
-        super().__init__()
-        self.step, self.seen, self.base = step, 0, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.base = self.seen
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen = self.base + batch + 1
-        if self.seen >= self.step:
-            raise Interrupted(self.seen)
-
-
 def train(callbacks):
     strategy = tf.distribute.get_strategy()
     model = common.dense_model(strategy)
@@ -290,7 +271,7 @@ def test_a_resumed_guard_continues_its_record_and_fires_at_the_same_step(tmp_pat
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
         train([ShiftAt(25), DivergenceGuard(), BackupAndResume(backup_dir, save_freq=4,
-                                                               verbose=0), InterruptAt(14)])
+                                                               verbose=0), InterruptAfterSteps(14)])
     assert latest_backup(backup_dir).global_step == 12
     guard = DivergenceGuard()
     with pytest.raises(DivergenceError) as caught:
@@ -305,7 +286,7 @@ def test_a_resumed_guard_continues_its_record_and_fires_at_the_same_step(tmp_pat
 def test_a_backup_without_a_guard_record_restarts_the_warmup_with_a_warning(tmp_path):
     backup_dir = tmp_path / "backup"
     with pytest.raises(Interrupted):
-        train([BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAt(14)])
+        train([BackupAndResume(backup_dir, save_freq=4, verbose=0), InterruptAfterSteps(14)])
     guard = DivergenceGuard()
     with pytest.warns(ResumeWarning, match="holds no DivergenceGuard record"):
         train([guard, BackupAndResume(backup_dir, save_freq=4, verbose=0)])

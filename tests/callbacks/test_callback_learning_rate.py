@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+from helpers.recorders import BatchRecorder
 from tfdist.callbacks.learning_rate import LearningRateLogger
 from tfdist.callbacks.learning_rate import LearningRateScheduleCallback
 from tfdist.schedules import WarmUp
@@ -26,17 +27,6 @@ def _expected_weight(rates):
     return w
 
 
-class BatchLogRecorder(keras.callbacks.Callback):
-    """Records `learning_rate` from the batch logs it receives."""
-
-    def __init__(self):
-        super().__init__()
-        self.rates = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.rates.append(logs["learning_rate"])
-
-
 def _fit(model, optimizer, callbacks, samples, batch_size=1, epochs=1):
     model.compile(optimizer=optimizer, loss="mse")
     x = np.ones((samples, 1), "float32")
@@ -48,12 +38,13 @@ def _fit(model, optimizer, callbacks, samples, batch_size=1, epochs=1):
 def test_step_schedule_advances_per_optimizer_step_under_gradient_accumulation():
     model = _ones_model()
     optimizer = keras.optimizers.SGD(learning_rate=0.5, gradient_accumulation_steps=2)
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     schedule = LearningRateScheduleCallback(lambda step: 0.1 * (step + 1))
     _fit(model, optimizer, [schedule, recorder], samples=8)
 
     # 8 micro-batches = 4 optimizer updates; each pair shares one rate.
-    np.testing.assert_allclose(recorder.rates, [0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(recorder.values("learning_rate"),
+                               [0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4], rtol=1e-6)
     assert int(optimizer.iterations) == 4
     # The updates used 0.1 .. 0.4 (not 0.2, 0.4, 0.6, 0.8 of a micro-batch count).
     assert model.get_weights()[0][0, 0] == pytest.approx(
@@ -65,11 +56,12 @@ def test_step_schedule_from_a_learning_rate_schedule_and_history():
     warm = WarmUp(0.4, warmup_steps=4, initial_learning_rate=0.2)  # .2 .25 .3 .35 .4 .4
     model = _ones_model()
     optimizer = keras.optimizers.SGD(learning_rate=0.0)
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     history = _fit(
         model, optimizer, [LearningRateScheduleCallback(warm), recorder], samples=3, epochs=2
     )
-    np.testing.assert_allclose(recorder.rates, [0.2, 0.25, 0.3, 0.35, 0.4, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(recorder.values("learning_rate"),
+                               [0.2, 0.25, 0.3, 0.35, 0.4, 0.4], rtol=1e-6)
     # Epoch logs: the optimizer's rate at the end of each epoch (last rate set).
     np.testing.assert_allclose(history.history["learning_rate"], [0.3, 0.4], rtol=1e-6)
     assert model.get_weights()[0][0, 0] == pytest.approx(
@@ -80,21 +72,23 @@ def test_step_schedule_from_a_learning_rate_schedule_and_history():
 def test_step_schedule_resumes_from_the_optimizer_step():
     model = _ones_model()
     optimizer = keras.optimizers.SGD(learning_rate=0.0)
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     callbacks = [LearningRateScheduleCallback(lambda step: 0.01 * step), recorder]
     _fit(model, optimizer, callbacks, samples=3)
     _fit(model, optimizer, callbacks, samples=2)  # a second fit, as after a restore
-    np.testing.assert_allclose(recorder.rates, [0.0, 0.01, 0.02, 0.03, 0.04], rtol=1e-6)
+    np.testing.assert_allclose(recorder.values("learning_rate"),
+                               [0.0, 0.01, 0.02, 0.03, 0.04], rtol=1e-6)
 
 
 def test_epoch_schedule_sets_the_rate_per_epoch_and_logs_it_in_history():
     model = _ones_model()
     optimizer = keras.optimizers.SGD(learning_rate=0.9)
     callback = LearningRateScheduleCallback(lambda epoch: 0.1 * 0.5**epoch, unit="epoch")
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     history = _fit(model, optimizer, [callback, recorder], samples=2, epochs=3)
     assert history.history["learning_rate"] == pytest.approx([0.1, 0.05, 0.025], rel=1e-6)
-    np.testing.assert_allclose(recorder.rates, [0.1, 0.1, 0.05, 0.05, 0.025, 0.025], rtol=1e-6)
+    np.testing.assert_allclose(recorder.values("learning_rate"),
+                               [0.1, 0.1, 0.05, 0.05, 0.025, 0.025], rtol=1e-6)
     assert model.get_weights()[0][0, 0] == pytest.approx(
         _expected_weight([0.1, 0.1, 0.05, 0.05, 0.025, 0.025]), rel=1e-5
     )
@@ -155,13 +149,14 @@ def test_bad_callback_arguments(kwargs, message):
 def test_logger_with_a_schedule_in_the_optimizer():
     schedule = WarmUp(0.4, warmup_steps=4)  # 0 .1 .2 .3 .4 .4
     model = _ones_model()
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     history = _fit(
         model, keras.optimizers.SGD(learning_rate=schedule), [LearningRateLogger(), recorder],
         samples=3, epochs=2,
     )
     # Batch logs: the rate each update used, schedule(0..5).
-    np.testing.assert_allclose(recorder.rates, [0.0, 0.1, 0.2, 0.3, 0.4, 0.4], atol=1e-7)
+    np.testing.assert_allclose(recorder.values("learning_rate"),
+                               [0.0, 0.1, 0.2, 0.3, 0.4, 0.4], atol=1e-7)
     # Epoch logs: the optimizer's rate at epoch end, schedule(3) and schedule(6).
     np.testing.assert_allclose(history.history["learning_rate"], [0.3, 0.4], rtol=1e-6)
 

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from helpers.fake_nvml import FOUR_GPUS, GIB, make_nvml
+from helpers.recorders import BatchRecorder
 from tfdist.callbacks.memory import (DeviceMemoryMonitor, MemoryUsageWarning, host_memory_limit_mb,
                                      host_peak_rss_mb, host_rss_mb, open_nvml, physical_gpu_indices)
 from tfdist.runtime.nvml import GpuReading, NvmlGpus, cuda_visible_ids, nvml_device_ids, reading_logs
@@ -26,15 +27,6 @@ def tiny_fit(callbacks, epochs=3, batch_size=8):
     model.compile(optimizer="sgd", loss="mse")
     return model.fit(x, x[:, :1], batch_size=batch_size, epochs=epochs, verbose=0,
                      callbacks=callbacks)
-
-
-class BatchLogRecorder(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.batch_logs = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.batch_logs.append(dict(logs))
 
 
 class AllocateAtEpoch(keras.callbacks.Callback):
@@ -72,7 +64,7 @@ def test_epoch_logs_show_an_allocation_made_during_fit():
 
 @no_gpu
 def test_without_gpus_the_gpu_paths_are_skipped_and_logs_hold_no_gpu_keys():
-    recorder = BatchLogRecorder()
+    recorder = BatchRecorder()
     monitor = DeviceMemoryMonitor(batch_freq=2, gpu_limit_mb=1, reset_peak_each_epoch=True)
     history = tiny_fit([monitor, recorder], epochs=2)
     assert monitor.gpu_indices == []

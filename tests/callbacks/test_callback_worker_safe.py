@@ -29,17 +29,12 @@ from tfdist.callbacks.worker_safe_backup import WorkerSafeBackupAndRestore
 from tfdist.distribute import collectives
 from tfdist.distribute.strategy_factory import create_strategy
 from tfdist.training.callback_list import make_callback_list
+from helpers.interrupt import Interrupted, InterruptAtEpochStart
+from helpers.tf_config import tf_config
 from helpers.workers import keras_callbacks_worker as kcw
 from helpers.workers import train_common as common
 
 EPOCHS = 4
-
-
-def tf_config(task_type, index, chief=False, workers=2):
-    cluster = {"worker": [f"localhost:{1000 + i}" for i in range(workers)]}
-    if chief:
-        cluster["chief"] = ["localhost:999"]
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
 class FakeMultiWorker:
@@ -68,7 +63,6 @@ class Custom(keras.callbacks.Callback):
     pass
 
 
-Interrupted, InterruptAt = kcw.Interrupted, kcw.InterruptAt
 
 
 class BackupProbe(keras.callbacks.Callback):
@@ -112,7 +106,7 @@ def fit(built, callbacks, epochs=EPOCHS):
 
 def interrupted_fit(callbacks, at):
     with pytest.raises(Interrupted):
-        fit(model(), callbacks + [InterruptAt(at)])
+        fit(model(), callbacks + [InterruptAtEpochStart(at)])
 
 
 @pytest.fixture(scope="module")

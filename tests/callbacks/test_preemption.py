@@ -95,7 +95,7 @@ def weights(model_dir):
     return arrays
 
 
-def assert_same_weights(expected_dir, actual_dir):
+def assert_same_final_checkpoint(expected_dir, actual_dir):
     expected, actual = weights(expected_dir), weights(actual_dir)
     assert expected.keys() == actual.keys() and expected
     worst = max(float(np.max(np.abs(expected[k].astype(np.float64) - actual[k].astype(np.float64))))
@@ -144,7 +144,7 @@ def test_a_signal_at_a_random_step_backs_up_there_and_the_rerun_is_exact(uninter
     code, out = run(command)
     assert code == 0, out[-3000:]
     assert f"(global step {step}," in out  # resumed at exactly that step
-    assert_same_weights(uninterrupted / "mirrored", tmp_path)
+    assert_same_final_checkpoint(uninterrupted / "mirrored", tmp_path)
 
 
 @pytest.mark.slow
@@ -172,7 +172,7 @@ def test_sigterm_to_a_worker_or_the_launcher_stops_every_worker_at_one_step(unin
     code, out = run(command)
     assert code == 0, out[-3000:]
     assert f"(global step {stops[0].group(4)}," in out
-    assert_same_weights(uninterrupted / "workers", tmp_path)
+    assert_same_final_checkpoint(uninterrupted / "workers", tmp_path)
 
 
 @pytest.mark.slow
@@ -205,7 +205,7 @@ def test_restarts_survive_random_kills_and_end_exact(uninterrupted, tmp_path):
     assert [n for n, _ in restarts] == ["1", "2", "3"], out[-4000:]
     assert "SIGKILL" in restarts[0][1] and "preempted" in restarts[1][1], restarts
     assert "SIGKILL" in restarts[2][1], restarts
-    assert_same_weights(uninterrupted / "workers", tmp_path)
+    assert_same_final_checkpoint(uninterrupted / "workers", tmp_path)
 
 
 def _free_port():

@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from tfdist.training import Trainer
+from helpers.compare import assert_same_training  # noqa: F401 (programs.assert_same_training)
 
 ROWS = 70
 FEATURES = 5
@@ -267,17 +268,6 @@ def tfdist_fit(name, strategy, **options):
     model, fit_arguments = PROGRAMS[name](strategy, **options)
     history = Trainer(model).fit(verbose=0, **fit_arguments)
     return [np.array(w) for w in model.get_weights()], history.history
-
-
-def assert_same_training(actual, expected, rtol=1e-5, atol=1e-6):
-    """Weights and every logged value of Keras's history agree."""
-    (weights, history), (reference_weights, reference_history) = actual, expected
-    assert len(weights) == len(reference_weights)
-    for got, want in zip(weights, reference_weights, strict=True):
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
-    for key, values in reference_history.items():
-        assert key in history, f"{key!r} is missing from the logs: {sorted(history)}"
-        np.testing.assert_allclose(history[key], values, rtol=rtol, atol=atol, err_msg=key)
 
 
 # ------------------------------------------------- fine-tuning (two phases)

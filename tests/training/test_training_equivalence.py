@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 
 from tfdist.training import Trainer
+from helpers.compare import assert_same_training
 from helpers.workers import train_common as common
 
-RTOL, ATOL = 1e-5, 1e-6
+RTOL = 1e-5
 
 
 def train(devices, data, loss, *, model_fn=common.dense_model, learning_rate=0.2,
@@ -24,12 +25,6 @@ def train(devices, data, loss, *, model_fn=common.dense_model, learning_rate=0.2
     trainer = Trainer(model, optimizer, loss, strategy=strategy, **trainer_kwargs)
     history = trainer.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
     return common.weights_of(model), history.history, trainer
-
-
-def assert_same_training(a, b):
-    np.testing.assert_allclose(a[1]["loss"], b[1]["loss"], rtol=RTOL)
-    for wa, wb in zip(a[0], b[0], strict=True):
-        np.testing.assert_allclose(wa, wb, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("reduction,learning_rate", [("sum_over_batch_size", 0.2), ("sum", 0.005)])

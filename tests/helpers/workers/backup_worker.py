@@ -29,6 +29,8 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tests/ too (run as a script, only this folder is): the shared helpers.
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -38,6 +40,7 @@ import train_common as common  # noqa: E402
 from tfdist.callbacks.backup import BackupAndResume  # noqa: E402
 from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
+from helpers.recorders import BatchRecorder  # noqa: E402
 
 GLOBAL_BATCH = 8
 EXAMPLES = 80  # 10 batches per epoch
@@ -59,20 +62,6 @@ def data():
     arrays = common.regression_arrays(n=EXAMPLES)
     return tf.data.Dataset.from_tensor_slices(arrays).shuffle(EXAMPLES, seed=7).batch(
         GLOBAL_BATCH)
-
-
-class Recorder(keras.callbacks.Callback):
-    """Records the (epoch, batch) of every training batch end."""
-
-    def __init__(self):
-        super().__init__()
-        self.batches, self.epoch = [], None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.batches.append([self.epoch, batch])
 
 
 class KillAfterBackup(keras.callbacks.Callback):
@@ -107,7 +96,7 @@ def main():
     backup_dir = args.backup.format(rank=rank)
     model, trainer = make_trainer(strategy)
     backup = BackupAndResume(backup_dir, save_freq=SAVE_FREQ, max_to_keep=MAX_TO_KEEP, verbose=2)
-    recorder = Recorder()
+    recorder = BatchRecorder()
     callbacks = [backup, recorder]
     if args.kill_at_step is not None and rank == args.kill_rank:
         callbacks.append(KillAfterBackup(backup, args.kill_at_step))

@@ -25,8 +25,11 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# tests/ on the path (run as a script, only this folder is): the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -34,6 +37,8 @@ import tensorflow as tf  # noqa: E402
 
 from tfdist.callbacks.chief import task_info  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
+from helpers.interrupt import Interrupted, InterruptAtEpochStart  # noqa: E402
+from helpers.recorders import EpochRecorder  # noqa: E402
 
 EXAMPLES = 64
 GLOBAL_BATCH = 16
@@ -41,32 +46,6 @@ STEPS = EXAMPLES // GLOBAL_BATCH  # one pass over the data per epoch
 EPOCHS = 4
 INTERRUPT_AT = 2
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
-
-
-class Interrupted(Exception):
-    pass
-
-
-class InterruptAt(keras.callbacks.Callback):
-    """Raises `Interrupted` when epoch `epoch` begins (the tutorial's way)."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise Interrupted(f"interrupted at the start of epoch {epoch}")
-
-
-class EpochRecorder(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.epochs, self.logs = [], []
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append(epoch)
-        self.logs.append({k: float(v) for k, v in (logs or {}).items()})
 
 
 class Messages(logging.Handler):
@@ -145,7 +124,7 @@ def phase_first(strategy, args, rank, shared, result):
     recorder = EpochRecorder()
     try:
         trainer.fit(data(), epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
-                    callbacks=keras_callbacks(shared) + [recorder, InterruptAt(INTERRUPT_AT)])
+                    callbacks=keras_callbacks(shared) + [recorder, InterruptAtEpochStart(INTERRUPT_AT)])
         result["error"] = None
     except Interrupted as error:
         result["error"] = str(error)

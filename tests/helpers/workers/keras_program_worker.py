@@ -19,12 +19,13 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# tests/ on the path (run as a script, only this folder is): the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras_programs as programs  # noqa: E402
+from helpers import keras_programs as programs  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 

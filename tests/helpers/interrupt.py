@@ -1,0 +1,57 @@
+"""Callbacks that stop a `fit()` part-way, as a killed or interrupted job would.
+
+Two meanings, two names: `InterruptAtEpochStart` stops when an epoch begins
+(TensorFlow's multi-worker tutorial's way); `InterruptAfterSteps` stops at the
+batch end where a number of batches (the global step of this fit) have run.
+Both raise `Interrupted`, which a test expects with `pytest.raises`.
+
+    from helpers.interrupt import Interrupted, InterruptAfterSteps
+
+    with pytest.raises(Interrupted):
+        trainer.fit(data, epochs=3, callbacks=[backup, InterruptAfterSteps(7)])
+"""
+
+import keras
+
+
+class Interrupted(Exception):
+    """What the interrupting callbacks raise (a stand-in for a killed job).
+
+    Example: `with pytest.raises(Interrupted): model.fit(..., callbacks=[InterruptAfterSteps(5)])`
+    """
+
+
+class InterruptAtEpochStart(keras.callbacks.Callback):
+    """Raises `Interrupted` when epoch `epoch` (0-based) begins.
+
+    Example: `InterruptAtEpochStart(2)` lets epochs 0 and 1 finish, then stops.
+    """
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise Interrupted(f"interrupted at the start of epoch {epoch}")
+
+
+class InterruptAfterSteps(keras.callbacks.Callback):
+    """Raises `Interrupted` at the batch end where `steps` batches have run in
+    this fit (over epochs: the batches of each epoch are added to those before).
+
+    Example: with 9 batches per epoch, `InterruptAfterSteps(11)` stops after the
+    second batch of the second epoch.
+    """
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps, self.seen, self.epoch_base = steps, 0, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_base = self.seen
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen = self.epoch_base + batch + 1
+        if self.seen >= self.steps:
+            raise Interrupted(f"interrupted at global step {self.seen}")
