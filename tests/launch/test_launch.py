@@ -492,7 +492,7 @@ def test_a_stale_folder_is_one_whose_launcher_is_certainly_gone(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     try:
-        here = scratch._identity(live.pid)
+        here = scratch.process_identity(live.pid)
         owners = {
             "live": here,
             "reused_pid": dict(here, started=here["started"] - 1),  # the pid now runs another

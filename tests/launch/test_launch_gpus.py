@@ -14,7 +14,7 @@ import stat
 import pytest
 
 from tfdist.launch import launch
-from tfdist.launch.gpus import _nvidia_smi_gpus, assign_gpus, visible_gpus
+from tfdist.launch.gpus import assign_gpus, nvidia_smi_gpus, visible_gpus
 from test_launch import PY, launcher_env, lines_of, run, script
 
 
@@ -52,19 +52,19 @@ def test_nvidia_smi_listing_is_parsed(tmp_path, monkeypatch):
         "echo 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-6f1c)'\n"
         "echo '  MIG 1g.10gb Device 0: (UUID: MIG-1)'\n"
         "echo 'GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-a2b9)'\n"))
-    assert _nvidia_smi_gpus() == ["0", "1"]
+    assert nvidia_smi_gpus() == ["0", "1"]
 
 
 def test_failing_or_missing_nvidia_smi_means_no_gpus(tmp_path, monkeypatch):
     fake_nvidia_smi(tmp_path, monkeypatch, "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    assert _nvidia_smi_gpus() == []
+    assert nvidia_smi_gpus() == []
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert _nvidia_smi_gpus() == []
+    assert nvidia_smi_gpus() == []
 
 
 def test_hung_nvidia_smi_is_given_up_on(tmp_path, monkeypatch):
     fake_nvidia_smi(tmp_path, monkeypatch, "exec sleep 30\n")
-    assert _nvidia_smi_gpus(timeout=0.5) == []
+    assert nvidia_smi_gpus(timeout=0.5) == []
 
 
 def test_assign_gpus_gives_consecutive_groups_and_leaves_the_rest():

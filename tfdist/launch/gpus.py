@@ -22,9 +22,15 @@ NVIDIA_SMI_TIMEOUT = 20.0
 """Seconds `nvidia-smi -L` may take before the launcher gives up on it."""
 
 
-def _nvidia_smi_gpus(timeout=NVIDIA_SMI_TIMEOUT):
+def nvidia_smi_gpus(timeout=NVIDIA_SMI_TIMEOUT):
     """GPU indices listed by `nvidia-smi -L` ("GPU 0: ..."), or [] when the
-    tool is missing, fails or does not answer within `timeout` seconds."""
+    tool is missing, fails or does not answer within `timeout` seconds.
+
+    Example:
+
+    >>> nvidia_smi_gpus()  # a machine with two GPUs
+    ['0', '1']
+    """
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                                  timeout=timeout, check=False)
@@ -40,7 +46,7 @@ def _nvidia_smi_gpus(timeout=NVIDIA_SMI_TIMEOUT):
     return ids
 
 
-def visible_gpus(env, list_gpus=_nvidia_smi_gpus):
+def visible_gpus(env, list_gpus=nvidia_smi_gpus):
     """The GPU ids the launcher may hand out to its workers.
 
     Args:

@@ -37,7 +37,7 @@ def make_ready_dir(directory=None):
     """
     folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
     with open(os.path.join(folder, OWNER_FILE), "w") as stream:
-        json.dump(_identity(os.getpid()), stream)
+        json.dump(process_identity(os.getpid()), stream)
     return folder
 
 
@@ -83,20 +83,30 @@ def _is_stale(path):
         return False  # no owner file yet (being made), or not ours to judge
     if pid == os.getpid():
         return False
-    here = _identity(os.getpid())
+    here = process_identity(os.getpid())
     if owner.get("boot") and here["boot"] and owner["boot"] != here["boot"]:
         return True  # made before the machine last started
     if owner.get("pid_namespace") != here["pid_namespace"]:
         return False  # another container's processes are not visible from here
-    now = _identity(pid)
+    now = process_identity(pid)
     if not now["alive"]:
         return True
     # A live pid is the owner unless it started at another time (a reused pid).
     return owner.get("started") is not None and now["started"] != owner["started"]
 
 
-def _identity(pid):
-    """What identifies process `pid`: its start time, the boot, the pid namespace."""
+def process_identity(pid):
+    """What identifies process `pid`: its start time, the boot, the pid namespace.
+
+    A pid alone is reused; with its start time, the boot id and the pid
+    namespace it names one process, so a stale owner file is told apart from
+    a live launcher.
+
+    Example:
+
+    >>> sorted(process_identity(os.getpid()))
+    ['alive', 'boot', 'pid', 'pid_namespace', 'started']
+    """
     return {"pid": pid, "alive": _alive(pid), "started": _start_time(pid),
             "boot": _read("/proc/sys/kernel/random/boot_id"),
             "pid_namespace": _link("/proc/self/ns/pid")}
