@@ -174,7 +174,16 @@ def _shard_paths(output_prefix, num_files):
     return [f"{output_prefix}-{i:05d}-of-{num_files:05d}.tfrecord" for i in range(num_files)]
 
 
-def _write(examples, output_prefix, num_files):
+def write_tfrecord_shards(examples, output_prefix, num_files):
+    """Writes `tf.train.Example`s round-robin into `num_files` TFRecord files.
+
+    Returns:
+        The paths written, `<output_prefix>-0000i-of-0000n.tfrecord`.
+
+    Example:
+
+        paths = write_tfrecord_shards(examples, "/data/train", num_files=2)
+    """
     paths = _shard_paths(output_prefix, num_files)
     writers = [tf.io.TFRecordWriter(path) for path in paths]
     try:
@@ -211,7 +220,7 @@ def write_token_tfrecords(sequences, output_prefix, num_files=1, feature="tokens
             ids = [int(t) for t in sequence]
             yield tf.train.Example(features=tf.train.Features(feature={
                 feature: tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}))
-    return _write(examples(), output_prefix, num_files)
+    return write_tfrecord_shards(examples(), output_prefix, num_files)
 
 
 def write_text_tfrecords(texts, output_prefix, num_files=1, feature="text"):
@@ -236,4 +245,4 @@ def write_text_tfrecords(texts, output_prefix, num_files=1, feature="text"):
             data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
             yield tf.train.Example(features=tf.train.Features(feature={
                 feature: tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))}))
-    return _write(examples(), output_prefix, num_files)
+    return write_tfrecord_shards(examples(), output_prefix, num_files)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from tfdist.callbacks.backup.errors import BackupIndexError, summarize_error
-from tfdist.callbacks.backup.store import (CHECKPOINT_NAME, INDEX_NAME, _read_position,
+from tfdist.callbacks.backup.store import (CHECKPOINT_NAME, INDEX_NAME, read_position,
                                            checkpoint_number, read_backup)
 from tfdist.seam import checkpoint_state
 
@@ -156,7 +156,7 @@ def survey_backups(backup_dir, refuse=True):
     exists = tf.io.gfile.exists(index)
     if not exists and not files:  # nothing written yet, or only a first write's debris
         return BackupSurvey(backup_dir, [], debris=debris)
-    entries, problem = _parse_index(index) if exists else (None, f"the index {index} is missing")
+    entries, problem = parse_index(index) if exists else (None, f"the index {index} is missing")
     if entries is not None:
         missing = [name for name, _ in entries if not _complete(files.get(checkpoint_number(name)))]
         if missing:
@@ -209,7 +209,7 @@ def _complete(names):
 
 def _readable(backup_dir, number):
     """None when backup `number` can be read, else the reason."""
-    return _read_position(os.path.join(backup_dir, f"{CHECKPOINT_NAME}-{number}"))[1]
+    return read_position(os.path.join(backup_dir, f"{CHECKPOINT_NAME}-{number}"))[1]
 
 
 def _survey_with_index(backup_dir, entries, files, debris, temporary):
@@ -252,9 +252,15 @@ def _survey_rebuilt(backup_dir, problem, files, debris, temporary):
                         max(kept + [0]) + 1)
 
 
-def _parse_index(index):
+def parse_index(index):
     """The index's entries as (name, timestamp) pairs, oldest first, and None;
-    or None and why it cannot be used."""
+    or None and why it cannot be used.
+
+    Example:
+
+        entries, problem = parse_index("/runs/a/backup/checkpoint")
+        # ([("ckpt-1", 1764000000.0), ("ckpt-2", 1764000060.0)], None)
+    """
     try:
         with tf.io.gfile.GFile(index, "rb") as stream:
             raw = stream.read()
@@ -281,11 +287,16 @@ def _parse_index(index):
     return list(zip(names, stamps, strict=True)), None
 
 
-def _write_index(backup_dir, entries):
+def write_index(backup_dir, entries):
     """Atomically replaces the `checkpoint` index (write a temporary file,
     rename it over the old one, as TensorFlow does); removes it when
     `entries` is empty. A failed write leaves the old index and no
-    temporary file."""
+    temporary file.
+
+    Example:
+
+        write_index("/runs/a/backup", [("ckpt-1", 1764000000.0), ("ckpt-2", 1764000060.0)])
+    """
     index = os.path.join(backup_dir, INDEX_NAME)
     if not entries:
         if tf.io.gfile.exists(index):
@@ -304,11 +315,17 @@ def _write_index(backup_dir, entries):
         tf.io.gfile.rename(temporary, index, overwrite=True)
     except (OSError, tf.errors.OpError):
         if tf.io.gfile.exists(temporary):
-            _remove_quietly(temporary)
+            remove_quietly(temporary)
         raise
 
 
-def _remove_quietly(path):
+def remove_quietly(path):
+    """Removes the file `path`; a file that is already gone is no error.
+
+    Example:
+
+        remove_quietly("/runs/a/backup/checkpoint.tmp1f2e")
+    """
     try:
         tf.io.gfile.remove(path)
     except tf.errors.NotFoundError:

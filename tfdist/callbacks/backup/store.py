@@ -158,7 +158,7 @@ def read_backup(path):
     >>> read_backup("backup/ckpt-7").step
     3
     """
-    values, reason = _read_position(path)
+    values, reason = read_position(path)
     if reason is not None:
         error = ValueError(f"Cannot read the backup {path!r}: {reason}")
         error.reason = reason  # the why alone, for messages that name the backup already
@@ -166,9 +166,15 @@ def read_backup(path):
     return BackupInfo(path=path, number=checkpoint_number(path), **values)
 
 
-def _read_position(path):
+def read_position(path):
     """The position values of backup `path` and None, or None and why they
-    cannot be read (one line)."""
+    cannot be read (one line).
+
+    Example:
+
+        values, problem = read_position("/runs/a/backup/ckpt-3")
+        # ({"epoch": 1, "step": 40, ...}, None)
+    """
     try:
         reader = tf.train.load_checkpoint(path)
         keys = [f"position/{key}/.ATTRIBUTES/VARIABLE_VALUE" for key in POSITION_KEYS]

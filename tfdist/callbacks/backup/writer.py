@@ -17,7 +17,7 @@ import time
 import tensorflow as tf
 
 from tfdist.callbacks.backup.errors import BackupWriteError, summarize_error
-from tfdist.callbacks.backup.index import (_parse_index, _remove_quietly, _write_index,
+from tfdist.callbacks.backup.index import (parse_index, remove_quietly, write_index,
                                            survey_backups)
 from tfdist.callbacks.backup.store import CHECKPOINT_NAME, INDEX_NAME
 
@@ -91,7 +91,7 @@ class BackupWriter:
             protected = {f"{CHECKPOINT_NAME}-{k}" for k in keep}
             last = {n for n, _ in committed[-self.max_to_keep:]}
             kept = [(n, t) for n, t in committed if n in last or n in protected]
-            _write_index(self.backup_dir, kept)
+            write_index(self.backup_dir, kept)
         except (OSError, tf.errors.OpError) as error:
             raise self._failed_write(number, committed, error) from error
         kept_names = {n for n, _ in kept}
@@ -120,7 +120,7 @@ class BackupWriter:
         """Removes the partial files of backup `number` (never committed) and
         returns the `BackupWriteError` to raise."""
         name = f"{CHECKPOINT_NAME}-{number}"
-        entries, _ = _parse_index(os.path.join(self.backup_dir, INDEX_NAME))
+        entries, _ = parse_index(os.path.join(self.backup_dir, INDEX_NAME))
         if entries is None or name not in {n for n, _ in entries}:
             self._remove_partial(number)
         previous = [n for n, _ in committed if n != name]
@@ -145,7 +145,7 @@ class BackupWriter:
         """Removes `ckpt-N_temp`, `ckpt-N.*` and their temporary states."""
         prefix = os.path.join(self.backup_dir, f"{CHECKPOINT_NAME}-{number}")
         for path in sorted(tf.io.gfile.glob(prefix + ".*")):
-            _remove_quietly(path)
+            remove_quietly(path)
         if tf.io.gfile.isdir(prefix + "_temp"):
             try:
                 tf.io.gfile.rmtree(prefix + "_temp")
@@ -167,7 +167,7 @@ class BackupWriter:
         committed = survey_backups(self.backup_dir, refuse=False).committed
         removed = [n for n, _ in committed if n in gone]
         if removed:
-            _write_index(self.backup_dir, [(n, t) for n, t in committed if n not in gone])
+            write_index(self.backup_dir, [(n, t) for n, t in committed if n not in gone])
             self._delete_files(removed)
         return [os.path.join(self.backup_dir, n) for n in removed]
 
@@ -177,7 +177,7 @@ class BackupWriter:
             prefix = os.path.join(self.backup_dir, name)
             for path in tf.io.gfile.glob(prefix + ".index") + tf.io.gfile.glob(
                     prefix + ".data-?????-of-?????"):
-                _remove_quietly(path)
+                remove_quietly(path)
 
     def clean_uncommitted(self, survey=None):
         """Chief only: puts the folder in order before training writes to it.
@@ -202,7 +202,7 @@ class BackupWriter:
             return []
         survey = survey or survey_backups(self.backup_dir)
         if survey.rebuilt is not None:
-            _write_index(self.backup_dir, survey.committed)
+            write_index(self.backup_dir, survey.committed)
             logger.warning(
                 "BackupAndResume: %s; rebuilt it from the readable backups present: %s%s.",
                 survey.rebuilt, ", ".join(n for n, _ in survey.committed) or "none",
@@ -215,7 +215,7 @@ class BackupWriter:
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)
             else:
-                _remove_quietly(path)
+                remove_quietly(path)
         if survey.debris:
             logger.warning("BackupAndResume: removed the files of an interrupted backup write "
                            "in %s: %s", self.backup_dir, survey.debris)

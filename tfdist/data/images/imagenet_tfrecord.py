@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfdist.data.corruption import check_tfrecord_tails, read_tfrecords, skipped_records_log
 from tfdist.data.files import check_holds_examples, expand_files
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
-from tfdist.data.tfrecord import _write
+from tfdist.data.tfrecord import write_tfrecord_shards
 
 IMAGE_KEY = "image/encoded"
 LABEL_KEY = "image/class/label"
@@ -159,4 +159,4 @@ def write_image_tfrecords(images, labels, output_prefix, num_files=1, *, label_o
                     value=[int(label) + label_offset])),
             }
             yield tf.train.Example(features=tf.train.Features(feature=features))
-    return _write(examples(), output_prefix, num_files)
+    return write_tfrecord_shards(examples(), output_prefix, num_files)
