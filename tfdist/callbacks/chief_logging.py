@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.seam import callback_model
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class ChiefOnly(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._training = True
         if self.mode is None:  # a loop that never called set_model: decide now
-            self.set_model(self._model)
+            self.set_model(callback_model(self))
         if self._runs():
             self.callback.on_train_begin(logs)
 

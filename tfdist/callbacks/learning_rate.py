@@ -16,6 +16,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfdist.seam import held_learning_rate
+
 _UNITS = ("step", "epoch")
 LOG_KEY = "learning_rate"
 
@@ -145,7 +147,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         inner = optimizer
         while hasattr(inner, "inner_optimizer"):  # LossScaleOptimizer
             inner = inner.inner_optimizer
-        held = getattr(inner, "_learning_rate", None)
+        held = held_learning_rate(inner)
         if held is None or isinstance(held, keras.Variable):
             return
         if isinstance(held, keras.optimizers.schedules.LearningRateSchedule):

@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable, reading_logs
+from tfdist.seam import local_gpu_memory_limits
 
 MB = 1024 * 1024
 """Bytes in the "MB" of the logged figures (a mebibyte, 2**20 bytes)."""
@@ -411,10 +412,9 @@ def gpu_memory_limit_mb(index):
     if index < len(logical) and logical[index] is not None and logical[index].memory_limit:
         return float(logical[index].memory_limit)
     try:  # Not a public API, but the one place TF reports a GPU allocator's limit.
-        from tensorflow.python.client import device_lib
-        gpus = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
-        if index < len(gpus) and gpus[index].memory_limit:
-            return gpus[index].memory_limit / MB
+        limits = local_gpu_memory_limits()
+        if index < len(limits) and limits[index]:
+            return limits[index] / MB
     except Exception:  # pragma: no cover - depends on the GPU runtime
         pass
     return None

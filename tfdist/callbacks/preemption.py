@@ -5,11 +5,11 @@ import time
 
 import keras
 import tensorflow as tf
-from tensorflow.python.eager import context
 
 from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
 from tfdist.distribute.introspection import describe_strategy
+from tfdist.seam import coordination_key_value_store
 
 ACK_TIMEOUT = 120.0
 _POLL_MS = 1000
@@ -152,7 +152,7 @@ class PreemptionGuard(keras.callbacks.Callback):
     def _claim(self, name):
         """The worker that got the signal names the stop step (its next one)."""
         self._claimed = True
-        ctx = context.context()
+        ctx = coordination_key_value_store()
         try:
             ctx.set_config_key_value(self._keys["claim"], self._task_name())
         except tf.errors.AlreadyExistsError:
@@ -175,7 +175,7 @@ class PreemptionGuard(keras.callbacks.Callback):
 
     def _watch_stop_step(self):
         """Watcher thread: reads the stop step when it is set, and acknowledges it."""
-        ctx = context.context()
+        ctx = coordination_key_value_store()
         while not self._stop_watching.is_set():
             try:
                 value = ctx.get_config_key_value(self._keys["step"], timeout_in_ms=_POLL_MS)

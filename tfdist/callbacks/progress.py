@@ -8,7 +8,7 @@ out of the bar and prints them after it, one short line with units:
 `lr 3.00e-03 | 28.4k tok/s | 1.58k examples/s | 40.6 ms/step | 69.0 GFLOP/s`.
 """
 
-import keras
+from tfdist.seam.keras_callbacks import ProgbarLoggerHooks
 
 # Keys that are figures about the run, not model metrics, with how to show
 # them. Keys not listed here (the model's losses and metrics) stay in the bar.
@@ -93,7 +93,7 @@ def model_metrics(logs):
     return {name: value for name, value in (logs or {}).items() if not is_run_figure(name)}
 
 
-class ProgressLogger(keras.callbacks.ProgbarLogger):
+class ProgressLogger(ProgbarLoggerHooks):
     """Keras's progress bar with model metrics only, and run figures with units.
 
     At each epoch end (and at the end of an `evaluate` run) the bar shows the
@@ -118,11 +118,23 @@ class ProgressLogger(keras.callbacks.ProgbarLogger):
         super().__init__()
         self.print_fn = print_fn
 
-    def _update_progbar(self, batch, logs=None):
-        super()._update_progbar(batch, model_metrics(logs))
+    def shown_logs(self, logs):
+        """The bar shows the model's metrics only (`model_metrics`).
 
-    def _finalize_progbar(self, logs):
-        super()._finalize_progbar(model_metrics(logs))
+        Example:
+
+        >>> ProgressLogger().shown_logs({"loss": 0.5, "tokens_per_sec": 9.0})
+        {'loss': 0.5}
+        """
+        return model_metrics(logs)
+
+    def after_bar(self, logs):
+        """Prints the run figures (learning rate, throughput, ...) with units after the bar.
+
+        Example:
+
+        >>> ProgressLogger().after_bar({"loss": 0.5})  # no run figures: prints nothing
+        """
         figures = format_run_figures(logs or {})
         if figures and self.verbose:
             self.print_fn(f"  {figures}", flush=True)

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, num_workers, task_info
 from tfdist.distribute.collectives import agree
+from tfdist.seam import backup_and_restore_position, set_model_initial_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
             self._repair()
         self.restored_epoch = epoch
         if epoch is not None:
-            model._initial_epoch = epoch  # tfdist's Trainer and keras fit start there
+            set_model_initial_epoch(model, epoch)  # tfdist's Trainer and keras fit start there
             logger.info("WorkerSafeBackupAndRestore: resuming from %s at epoch %d (%s state)",
                         self.backup_dir, epoch, source)
 
@@ -242,7 +243,8 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
                     tf.io.gfile.copy(path, path + _PREVIOUS, overwrite=True)
         self.model.save_weights(filepath=weights, overwrite=True)
         with tf.io.gfile.GFile(metadata, "w") as f:
-            f.write(json.dumps({"epoch": self._current_epoch, "batch": self._last_batch_seen}))
+            epoch, batch = backup_and_restore_position(self)
+            f.write(json.dumps({"epoch": epoch, "batch": batch}))
 
     def on_train_end(self, logs=None):
         try:

@@ -14,7 +14,8 @@ import numbers
 import keras
 import tensorflow as tf
 from keras import ops
-from keras.src.backend.common.masking import set_keras_mask
+
+from tfdist.seam import declare_metric_direction, set_keras_mask
 
 
 def _check_pad_id(pad_id):
@@ -250,7 +251,7 @@ class MaskedAccuracy(keras.metrics.Metric):
         pad_id = _check_pad_id(pad_id)
         super().__init__(name=name, dtype=dtype)
         self.pad_id = pad_id
-        self._direction = "up"
+        declare_metric_direction(self, "up")
         self.correct = self.add_variable(shape=(), initializer="zeros", dtype=self.dtype,
                                          aggregation="sum", name="correct")
         self.count = self.add_variable(shape=(), initializer="zeros", dtype=self.dtype,

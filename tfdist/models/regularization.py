@@ -3,7 +3,7 @@ bias parameters, and label smoothing on integer labels.
 
 Weight decay in Keras 3 optimizers is decoupled: every step, before the
 gradient update, each decayed variable becomes `v - learning_rate *
-weight_decay * v` (`BaseOptimizer._apply_weight_decay`), for SGD as for
+weight_decay * v` (Keras's decoupled weight-decay step), for SGD as for
 AdamW, and it does not pass through momentum. PyTorch's `SGD(weight_decay=)`
 instead adds `weight_decay * v` to the gradient (L2), which momentum then
 amplifies by about `1 / (1 - momentum)`; the classic ResNet recipe (L2 1e-4,

@@ -16,6 +16,7 @@ from tfdist.callbacks.chief import model_strategy, task_info
 from tfdist.callbacks.loss_health import loss_health
 from tfdist.distribute.collectives import agree
 from tfdist.distribute.introspection import describe_strategy
+from tfdist.seam import set_model_initial_epoch
 
 # The attribute tfdist's Trainer publishes its FitPosition under during fit
 # (tfdist.training.trainer.FIT_POSITION_ATTRIBUTE; duck-typed so that this
@@ -278,7 +279,7 @@ class BackupAndResume(keras.callbacks.Callback):
             if info.step:
                 self._restore_metrics_from = info.path
         else:
-            model._initial_epoch = info.epoch
+            set_model_initial_epoch(model, info.epoch)
             self._set_initial_epoch = True
             self.exact = not info.mid_epoch
         self._print(1, f"BackupAndResume: resuming from {info.path} at epoch {info.epoch} "
@@ -438,7 +439,7 @@ class BackupAndResume(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         logs = logs if logs is not None else self._last_logs
         if self._set_initial_epoch:
-            self.model._initial_epoch = None
+            set_model_initial_epoch(self.model, None)
         if (self.delete_checkpoint and self._chief and _finite_loss(logs)
                 and tf.io.gfile.isdir(self.backup_dir)):
             tf.io.gfile.rmtree(self.backup_dir)
