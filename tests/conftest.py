@@ -23,14 +23,25 @@ split_cpu_into_logical_devices(LOGICAL_CPUS)
 PYTHON = sys.executable
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    """Runs a test under the global `mixed_bfloat16` policy, restoring the previous one."""
+def _under_global_policy(name):
+    """Runs a test under the global Keras precision policy `name`, restoring the previous one."""
     import keras
 
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy(name)
     try:
         yield
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    """Runs a test under the global `mixed_bfloat16` policy, restoring the previous one."""
+    yield from _under_global_policy("mixed_bfloat16")
+
+
+@pytest.fixture
+def mixed_float16():
+    """Runs a test under the global `mixed_float16` policy, restoring the previous one."""
+    yield from _under_global_policy("mixed_float16")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.interrupt import Interrupted, InterruptAfterSteps
+from helpers.interrupt import GlobalStepCounter, Interrupted, InterruptAfterSteps
 from helpers.mw import launch
 from helpers.recorders import BatchRecorder
 from tfdist.callbacks.backup import (BackupAndResume, BackupWriter, ResumeWarning,
@@ -301,23 +301,17 @@ def test_clean_uncommitted_removes_only_the_debris_of_interrupted_writes(tmp_pat
 
 
 # ------------------------------------------------------------ NaN / Inf
-class PoisonAt(keras.callbacks.Callback):
+class PoisonAt(GlobalStepCounter):
     """Sets the first kernel to NaN just before global batch `step` runs."""
 
     def __init__(self, step):
         super().__init__()
-        self.step, self.seen, self.base = step, 0, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.base = self.seen
+        self.step = step
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.base + batch + 1 == self.step:
+        if self.global_step(batch) == self.step:
             kernel = self.model.layers[0].kernel
             kernel.assign(np.full(kernel.shape, np.nan, "float32"))
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen = self.base + batch + 1
 
 
 def test_nan_guard_stops_before_a_nan_backup_and_the_last_good_one_resumes(tmp_path):

@@ -17,6 +17,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from helpers import mw
+from helpers.replicas import replica_batches
 from tfdist.data import (FILE, IMAGE_SCHEMES, RECORD, DatasetNotPreparedError, ImageFolderSource,
                          ImageNetTFRecordSource, ShapesSource, TFDSImageSource,
                          distribute_dataset, make_dataset_fn, make_source, write_image_tfrecords)
@@ -133,11 +134,8 @@ def ids_across_two_replicas(source, id_of):
     dataset = distribute_dataset(strategy, source, 6, training=True, seed=3, repeat=False,
                                  drop_remainder=False)
     per_replica = [[], []]
-    for images, labels in dataset:
-        for replica, (x, y) in enumerate(zip(strategy.experimental_local_results(images),
-                                             strategy.experimental_local_results(labels),
-                                             strict=True)):
-            per_replica[replica] += id_of(x.numpy(), y.numpy())
+    for replica, x, y in replica_batches(strategy, dataset):
+        per_replica[replica] += id_of(x.numpy(), y.numpy())
     return per_replica
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers.replicas import replica_batches
 from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecordSource,
                          distribute_dataset, make_dataset_fn, per_replica_batch_size,
                          plan_sharding, write_token_tfrecords)
@@ -108,13 +109,10 @@ def test_two_replicas_see_every_example_exactly_once(id_files, mirrored, kind):
     dataset = distribute_dataset(mirrored, source, 4, training=True, seed=1, repeat=False,
                                  drop_remainder=False)
     per_replica = [[], []]
-    for inputs, targets in dataset:
-        for replica, (x, y) in enumerate(zip(mirrored.experimental_local_results(inputs),
-                                             mirrored.experimental_local_results(targets),
-                                             strict=True)):
-            assert x.shape[0] <= 2 and x.dtype == tf.int32
-            np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])
-            per_replica[replica].extend(ids_of(x))
+    for replica, x, y in replica_batches(mirrored, dataset):
+        assert x.shape[0] <= 2 and x.dtype == tf.int32
+        np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])
+        per_replica[replica].extend(ids_of(x))
     assert all(per_replica), f"a replica got no examples: {per_replica}"
     seen = collections.Counter(per_replica[0] + per_replica[1])
     assert sorted(seen) == all_ids and set(seen.values()) == {1}

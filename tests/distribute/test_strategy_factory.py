@@ -15,6 +15,7 @@ import sys
 import time
 
 from helpers import mw
+from helpers.errors import assert_names_value_and_choices
 from helpers.tf_config import tf_config as localhost_tf_config
 import numpy as np
 import pytest
@@ -47,9 +48,7 @@ def clean_environment(monkeypatch):
 def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError) as caught:
         create_strategy("mirored")
-    assert "'mirored'" in str(caught.value)
-    for name in STRATEGY_NAMES:
-        assert name in str(caught.value)
+    assert_names_value_and_choices(caught.value, "mirored", STRATEGY_NAMES)
 
 
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED_STRATEGIES))

@@ -36,7 +36,29 @@ class InterruptAtEpochStart(keras.callbacks.Callback):
             raise Interrupted(f"interrupted at the start of epoch {epoch}")
 
 
-class InterruptAfterSteps(keras.callbacks.Callback):
+class GlobalStepCounter(keras.callbacks.Callback):
+    """Counts the batches of this fit over its epochs: `seen` after each batch end,
+    `global_step(batch)` for the batch about to run or just run (1-based).
+
+    Example: with 9 batches per epoch, batch 1 of epoch 1 is `global_step(1) == 11`.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.epoch_base = 0, 0
+
+    def global_step(self, batch):
+        """The 1-based number of batch `batch` of this epoch within the whole fit."""
+        return self.epoch_base + batch + 1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_base = self.seen
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen = self.global_step(batch)
+
+
+class InterruptAfterSteps(GlobalStepCounter):
     """Raises `Interrupted` at the batch end where `steps` batches have run in
     this fit (over epochs: the batches of each epoch are added to those before).
 
@@ -46,12 +68,9 @@ class InterruptAfterSteps(keras.callbacks.Callback):
 
     def __init__(self, steps):
         super().__init__()
-        self.steps, self.seen, self.epoch_base = steps, 0, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch_base = self.seen
+        self.steps = steps
 
     def on_train_batch_end(self, batch, logs=None):
-        self.seen = self.epoch_base + batch + 1
+        super().on_train_batch_end(batch, logs)
         if self.seen >= self.steps:
             raise Interrupted(f"interrupted at global step {self.seen}")

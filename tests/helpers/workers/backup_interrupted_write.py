@@ -14,12 +14,11 @@ Usage: python tests/helpers/workers/backup_interrupted_write.py --backup DIR [--
 
 import argparse
 import os
-import signal
 import sys
-import threading
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# tests/ on the path (run as a script, only this folder is): the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 
 from tfdist.callbacks.backup import BackupAndResume  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
+from helpers.sigkill import sigkill_self_when_exists  # noqa: E402
 
 FEATURES = 4096
 UNITS = 2048  # 8.4 M weights + momentum: about 67 MB per backup
@@ -50,15 +50,6 @@ def data():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
-def kill_when_exists(path):
-    def watch():
-        while not os.path.exists(path):
-            time.sleep(0.0005)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backup", required=True)
@@ -66,7 +57,8 @@ def main():
     args = parser.parse_args()
     model, trainer = build()
     if args.kill_during_backup is not None:
-        kill_when_exists(os.path.join(args.backup, f"ckpt-{args.kill_during_backup}_temp"))
+        sigkill_self_when_exists(os.path.join(args.backup, f"ckpt-{args.kill_during_backup}_temp"),
+                                 poll_seconds=0.0005)
     backup = BackupAndResume(args.backup, save_freq=1, max_to_keep=2, verbose=2)
     trainer.fit(data(), epochs=1, steps_per_epoch=STEPS, callbacks=[backup], verbose=0)
     info = backup.restored

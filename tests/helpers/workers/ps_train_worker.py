@@ -15,12 +15,14 @@ Usage: python tests/helpers/workers/ps_train_worker.py --out DIR [--epochs 3] [-
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# tests/ on the path (run as a script, only this folder is): the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from helpers.sigkill import sigkill_self_when_exists  # noqa: E402
 
 VOCAB = 12
 SEQ = 8
@@ -36,22 +38,13 @@ def parse_args():
     return parser.parse_args()
 
 
-def die_when_told(marker):
-    """Kills this process (SIGKILL) once `marker` exists."""
-    def watch():
-        while not os.path.exists(marker):
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def serve(config, args):
     from tfdist.distribute.ps_cluster import serve_task
     from tfdist.distribute.startup import write_ready_file
 
     victim = {"worker": ("worker", 1), "ps": ("ps", 0)}.get(args.lose)
     if victim == (config.task_type, config.task_index):
-        die_when_told(os.path.join(args.out, "lose"))
+        sigkill_self_when_exists(os.path.join(args.out, "lose"))
     serve_task(config, on_ready=write_ready_file)
 
 

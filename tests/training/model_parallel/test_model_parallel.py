@@ -286,16 +286,6 @@ def test_settings_the_pipeline_cannot_honour_are_refused(case, words):
         assert word in str(raised.value), str(raised.value)
 
 
-@pytest.fixture
-def mixed_float16():
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 def test_mixed_float16_loss_scaling_matches_one_device(mixed_float16):
     # The gradients between the stages carry one replica's magnitudes: the
     # dynamic loss scale makes the same decisions as on one device.
