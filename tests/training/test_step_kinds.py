@@ -1,10 +1,95 @@
 """The step kinds' declared interface and the loss-statistics layout they share."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.training.step_kinds import LossStatsLayout
+from tfdist.seam import model_compile_loss
+from tfdist.training import Trainer
+from tfdist.training.loss import GlobalCompileLoss
+from tfdist.training.own_step import OwnStepFunctions, StepFunctionsWithOwnSteps
+from tfdist.training.ps_loop import WorkerSteps
+from tfdist.training.step import StepFunctions
+from tfdist.training.step_kinds import FitLoopSteps, LossStatsLayout, ReplicaSteps, StepKind
+
+X, Y = np.ones((8, 3), np.float32), np.zeros((8, 2), np.float32)
+
+
+def compiled_model(model_class=keras.Model):
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4, name="hidden")(inputs)
+    model = model_class(inputs, keras.layers.Dense(2, name="out")(hidden))
+    model.compile(keras.optimizers.SGD(0.1), loss=["mse"], metrics=["mae"])
+    return model
+
+
+def engine_of(model):
+    return StepFunctions(model, model.optimizer, GlobalCompileLoss(model_compile_loss(model)),
+                         tf.distribute.get_strategy(), jit_compile=False, grad_accum_steps=1,
+                         clip_norm=None)
+
+
+class OwnTrainStep(keras.Model):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        return {"own_loss": loss}
+
+
+def test_every_step_kind_satisfies_the_declared_interface():
+    model = compiled_model()
+    trainer = Trainer(model)
+    trainer.fit(X, Y, batch_size=4, epochs=1, verbose=0)
+    engine = trainer.step_functions
+    assert type(engine) is StepFunctions
+    assert isinstance(engine, FitLoopSteps) and isinstance(engine, ReplicaSteps)
+    assert isinstance(WorkerSteps(engine, tf.distribute.get_strategy()), StepKind)
+    assert isinstance(OwnStepFunctions(model, tf.distribute.get_strategy(), jit_compile=False,
+                                       run_eagerly=False), StepKind)
+
+    own_model = compiled_model(OwnTrainStep)
+    own_trainer = Trainer(own_model)
+    history = own_trainer.fit(X, Y, batch_size=4, epochs=1, verbose=0)
+    combined = own_trainer.step_functions
+    assert isinstance(combined, StepFunctionsWithOwnSteps) and isinstance(combined, FitLoopSteps)
+    assert combined.train_function == combined.own.train_function  # the model's own step ran
+    assert "own_loss" in history.history
+
+    pipelined = Trainer(compiled_model(), model_parallel=2, micro_batches=2)
+    pipelined.fit(X, Y, batch_size=4, epochs=1, verbose=0)
+    assert isinstance(pipelined.step_functions, FitLoopSteps)
+    assert pipelined.step_functions.at_update_boundary()
+
+
+def test_an_object_without_a_member_is_not_a_step_kind():
+    class NoSkip:
+        model = None
+
+        def train_function(self, iterator, num_steps):
+            return 0, {}
+
+        test_function = predict_function = train_function
+
+        def reset_accumulation(self):
+            pass
+
+        def at_update_boundary(self):
+            return True
+
+    assert isinstance(NoSkip(), StepKind)
+    assert not isinstance(NoSkip(), FitLoopSteps)
+
+
+def test_own_steps_must_name_a_model_step():
+    model = compiled_model()
+    with pytest.raises(ValueError, match="own_steps must name at least one of train_step"):
+        StepFunctionsWithOwnSteps(model, model.optimizer, None, tf.distribute.get_strategy(),
+                                  own_steps=["fit_step"], jit_compile=False, grad_accum_steps=1,
+                                  clip_norm=None)
 
 
 @pytest.mark.parametrize("num_losses", [1, 3])
@@ -48,21 +133,11 @@ def test_the_layout_refuses_a_wrong_number_of_losses():
 
 
 def test_the_step_functions_build_their_statistics_in_the_layout():
-    import keras
-
-    from tfdist.training.loss import GlobalCompileLoss
-    from tfdist.training.step import StepFunctions
-    from tfdist.seam import model_compile_loss
-
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(keras.optimizers.SGD(0.1), loss=["mse"], metrics=["mae"])
-    x, y = np.ones((5, 3), np.float32), np.zeros((5, 2), np.float32)
-    model.fit(x, y, epochs=1, verbose=0)  # builds the compiled loss
-    steps = StepFunctions(model, model.optimizer, GlobalCompileLoss(model_compile_loss(model)),
-                          tf.distribute.get_strategy(), jit_compile=False, grad_accum_steps=1,
-                          clip_norm=None)
+    model = compiled_model()
+    Trainer(model).fit(X, Y, batch_size=8, epochs=1, verbose=0)  # builds the compiled loss
+    steps = engine_of(model)
     assert steps.loss_stats.num_losses == 1
-    loss_stats, _, _ = steps._loss_terms(tf.constant(x), tf.constant(y), None)
-    assert loss_stats.shape == (steps.loss_stats.size,)
-    assert float(steps.loss_stats.examples(loss_stats)) == 5.0
-    assert float(steps.loss_stats.counts(loss_stats)[0]) > 0
+    _, stats, _, _ = steps.compute_gradients(tf.constant(X[:5]), tf.constant(Y[:5]), None)
+    assert stats.shape == (steps.loss_stats.size,)
+    assert float(steps.loss_stats.examples(stats)) == 5.0
+    assert float(steps.loss_stats.counts(stats)[0]) == 5.0  # mse: one count per example

@@ -31,7 +31,10 @@ import tensorflow as tf
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
 from tfdist.training.optimizer import gradients_averaged
-from tfdist.training.step import gather_replica_outputs
+from tfdist.training.step import StepFunctions, gather_replica_outputs
+
+OWN_STEP_HOOKS = ("train_step", "test_step", "predict_step")
+"""The model methods `StepFunctionsWithOwnSteps` runs in place of the engine's step."""
 
 
 class OwnStepFunctions:
@@ -39,8 +42,10 @@ class OwnStepFunctions:
 
     Same interface as `tfdist.training.step.StepFunctions` (`train_function`,
     `test_function`: `f(iterator, num_steps) -> (steps_run, logs)`;
-    `predict_function`: `f(distributed_batch) -> outputs`); only the hooks
-    the model overrides are used by the trainer.
+    `predict_function`: `f(distributed_batch) -> outputs`): a
+    `tfdist.training.step_kinds.StepKind`. The trainer runs it through
+    `StepFunctionsWithOwnSteps`, which uses only the hooks the model
+    overrides.
 
     Args:
         model: the compiled, built `keras.Model`.
@@ -131,6 +136,55 @@ class OwnStepFunctions:
         >>> outputs = own.predict_function(next(iter(dist_dataset)))
         """
         return self._predict_one(batch)
+
+
+class StepFunctionsWithOwnSteps(StepFunctions):
+    """tfdist's step functions, with the model's own step in place of the engine's
+    for each of `train_step`, `test_step`, `predict_step` the model overrides.
+
+    Everything else is the engine's (`StepFunctions`): skipping batches to
+    resume, gradient accumulation and the replica parts; so it is a
+    `tfdist.training.step_kinds.FitLoopSteps` like `StepFunctions`.
+
+    Args:
+        own_steps: the hooks the model overrides (a non-empty collection of
+            names from `OWN_STEP_HOOKS`).
+        model, optimizer, loss, strategy, jit_compile, grad_accum_steps,
+            clip_norm, custom_loss, run_eagerly: as for `StepFunctions`.
+
+    Attributes:
+        own: the `OwnStepFunctions` whose functions are used.
+
+    Raises:
+        ValueError: `own_steps` is empty or names another method.
+
+    Example:
+
+    >>> steps = StepFunctionsWithOwnSteps(
+    ...     gan, gan.optimizer, None, strategy, own_steps=["train_step"], jit_compile=False,
+    ...     grad_accum_steps=1, clip_norm=None)
+    >>> ran, logs = steps.train_function(iter(dist_dataset), tf.constant(2))  # gan.train_step
+    """
+
+    def __init__(self, model, optimizer, loss, strategy, *, own_steps, jit_compile,
+                 grad_accum_steps, clip_norm, custom_loss=False, run_eagerly=False):
+        own_steps = tuple(own_steps)
+        unknown = [hook for hook in own_steps if hook not in OWN_STEP_HOOKS]
+        if unknown or not own_steps:
+            raise ValueError(
+                f"own_steps must name at least one of {', '.join(OWN_STEP_HOOKS)}; got "
+                f"{list(own_steps)!r}. Without an overridden step use StepFunctions.")
+        super().__init__(model, optimizer, loss, strategy, jit_compile=jit_compile,
+                         grad_accum_steps=grad_accum_steps, clip_norm=clip_norm,
+                         custom_loss=custom_loss, run_eagerly=run_eagerly)
+        self.own = OwnStepFunctions(model, strategy, jit_compile=jit_compile,
+                                    run_eagerly=run_eagerly)
+        if "train_step" in own_steps:
+            self.train_function = self.own.train_function
+        if "test_step" in own_steps:
+            self.test_function = self.own.test_function
+        if "predict_step" in own_steps:
+            self.predict_function = self.own.predict_function
 
 
 def _flatten_logs(logs):

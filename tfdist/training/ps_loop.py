@@ -196,9 +196,17 @@ class WorkerSteps:
     the model's metric variables (loss trackers included), and which worker
     ran them.
 
+    The parameter-server step kind (a `tfdist.training.step_kinds.StepKind`),
+    built from the replica parts of the trainer's step functions.
+
     Args:
-        engine: the Trainer's `StepFunctions` (built under the strategy).
+        engine: the Trainer's step functions (built under the strategy), a
+            `tfdist.training.step_kinds.ReplicaSteps` (`StepFunctions`).
         strategy: the `ParameterServerStrategy`.
+
+    Attributes:
+        train_function: `f(iterator, num_steps) -> (metric_deltas,
+            worker_index)`, the `tf.function` to schedule.
 
     Raises:
         ValueError: a metric whose state does not add up over batches.
@@ -206,11 +214,12 @@ class WorkerSteps:
     Example:
 
     >>> steps = WorkerSteps(trainer.step_functions, strategy)
-    >>> remote = coordinator.schedule(steps.function, args=(iterator, tf.constant(1)))
+    >>> remote = coordinator.schedule(steps.train_function, args=(iterator, tf.constant(1)))
     """
 
     def __init__(self, engine, strategy):
         self.engine = engine
+        self.model = engine.model
         self.strategy = strategy
         self.metric_variables = list(engine.model.metrics_variables)
         for metric in engine.model.metrics:
@@ -222,17 +231,17 @@ class WorkerSteps:
                     f"batches ({', '.join(bad)}), so the chief cannot combine what "
                     "asynchronous workers computed. Under parameter_server use metrics whose "
                     "variables are sums (Mean, accuracy, Precision/Recall, AUC, ...).")
-        self.function = tf.function(self._steps, autograph=False, reduce_retracing=True)
+        self.train_function = tf.function(self._steps, autograph=False, reduce_retracing=True)
 
     def _replica(self, data):
         engine = self.engine
         x, y, sample_weight = unpack(data, need_targets=False)
-        grads, stats, y_pred, mask = engine._compute_gradients(x, y, sample_weight)
-        totals = engine._reduce_and_apply(grads, stats, record=False)
+        grads, stats, y_pred, mask = engine.compute_gradients(x, y, sample_weight)
+        totals = engine.reduce_and_apply(grads, stats, record=False)
         zeros = [tf.zeros(v.shape, v.dtype) for v in self.metric_variables]
         with keras.StatelessScope(state_mapping=list(zip(self.metric_variables, zeros))) as scope:
-            engine._update_metrics(x, y, y_pred, mask, sample_weight)
-            engine._record_loss(totals, engine.loss_stats.examples(stats))
+            engine.update_metrics(x, y, y_pred, mask, sample_weight)
+            engine.record_loss(totals, engine.loss_stats.examples(stats))
         return [tf.convert_to_tensor(scope.get_current_value(v)) for v in self.metric_variables]
 
     def _one_step(self, iterator):
@@ -401,7 +410,7 @@ class ParameterServerFit:
                    and not model.stop_training):
                 count = min(chunk, steps_per_epoch - scheduled)
                 in_flight.append((count, self.coordinator.schedule(
-                    worker_steps.function, args=(iterator, tf.constant(count)))))
+                    worker_steps.train_function, args=(iterator, tf.constant(count)))))
                 scheduled += count
             if not in_flight:
                 break

@@ -85,6 +85,13 @@ class StepFunctions:
             workers gathered, in input order).
         skip_function: `f(iterator, num_batches) -> batches_skipped`: draws
             and discards batches (to resume at a data position).
+        compute_gradients: `f(x, y, sample_weight) -> (grads, stats, y_pred,
+            mask)`, the replica computation (forward, loss, backward; XLA
+            when `jit_compile`); call it inside `strategy.run`.
+        loss_stats: the `LossStatsLayout` of the statistics carried next to
+            the gradients.
+
+    A `tfdist.training.step_kinds.FitLoopSteps` and `ReplicaSteps`.
 
     Example:
 
@@ -122,7 +129,7 @@ class StepFunctions:
         # at all, where the whole step is compiled (as Keras does).
         whole_step = (jit_compile and self._single
                       and strategy is default_strategy())
-        self._compute_gradients = _jit(self._gradients, jit_compile and not whole_step)
+        self.compute_gradients = _jit(self._gradients, jit_compile and not whole_step)
         self._compute_loss_terms = _jit(self._loss_terms, jit_compile and not whole_step)
         self._compute_predictions = _jit(self._predictions, jit_compile)
         self._run_replica_train = _jit(self._replica_train, whole_step)
@@ -221,7 +228,15 @@ class StepFunctions:
     def _predictions(self, x):
         return self.model(x, training=False)
 
-    def _update_metrics(self, x, y, y_pred, mask, sample_weight):
+    def update_metrics(self, x, y, y_pred, mask, sample_weight):
+        """Updates the model's compiled metrics with a replica's batch (its
+        predictions' Keras masks put back first). Call it inside `strategy.run`.
+
+        Example:
+
+        >>> grads, stats, y_pred, mask = steps.compute_gradients(x, y, None)
+        >>> steps.update_metrics(x, y, y_pred, mask, None)
+        """
         for tensor, tensor_mask in zip(tf.nest.flatten(y_pred), tf.nest.flatten(mask)):
             if tensor_mask is not None:
                 set_keras_mask(tensor, tensor_mask)
@@ -241,8 +256,18 @@ class StepFunctions:
         divisor = layout.weight(totals) if self.normalized else tf.constant(1.0, tf.float32)
         return total, divisor, per_loss
 
-    def _record_loss(self, totals, examples):
-        """Records the global loss (and each compiled loss's) in the model's trackers."""
+    def record_loss(self, totals, examples):
+        """Records the global loss (and each compiled loss's) in the model's trackers.
+
+        Args:
+            totals: the statistics summed across replicas
+                (`loss_stats.summed`, all-reduced).
+            examples: this replica's number of examples (`loss_stats.examples`).
+
+        Example:
+
+        >>> steps.record_loss(totals, steps.loss_stats.examples(stats))
+        """
         loss_value, _, per_loss = self._global_loss(totals)
         model_loss_tracker(self.model).update_state(loss_value, sample_weight=examples)
         if self.loss is not None and not self.custom_loss:
@@ -252,9 +277,16 @@ class StepFunctions:
             for tracker, value in zip(self.loss.trackers, per_loss):
                 tracker.update_state(value)
 
-    def _reduce_and_apply(self, grads, stats, record=True):
+    def reduce_and_apply(self, grads, stats, record=True):
         """All-reduce, normalise, clip and apply; records the loss (unless
-        `record` is False). Returns the all-reduced statistics."""
+        `record` is False). Returns the all-reduced statistics. Call it inside
+        `strategy.run`, with the gradients and statistics of `compute_gradients`.
+
+        Example:
+
+        >>> grads, stats, y_pred, mask = steps.compute_gradients(x, y, None)
+        >>> totals = steps.reduce_and_apply(grads, stats)
+        """
         variables = self.model.trainable_variables
         summed_stats = self.loss_stats.summed(stats)
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -276,35 +308,35 @@ class StepFunctions:
             full[i] = g
         self.optimizer.apply(full, variables)
         if record:
-            self._record_loss(totals, self.loss_stats.examples(stats))
+            self.record_loss(totals, self.loss_stats.examples(stats))
         return totals
 
     def _replica_train(self, data):
         x, y, sample_weight = unpack(data, need_targets=False)
-        grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
-        self._update_metrics(x, y, y_pred, mask, sample_weight)
-        self._reduce_and_apply(grads, stats)
+        grads, stats, y_pred, mask = self.compute_gradients(x, y, sample_weight)
+        self.update_metrics(x, y, y_pred, mask, sample_weight)
+        self.reduce_and_apply(grads, stats)
 
     def _replica_accumulate(self, data):
         x, y, sample_weight = unpack(data, need_targets=False)
-        grads, stats, y_pred, mask = self._compute_gradients(x, y, sample_weight)
-        self._update_metrics(x, y, y_pred, mask, sample_weight)
+        grads, stats, y_pred, mask = self.compute_gradients(x, y, sample_weight)
+        self.update_metrics(x, y, y_pred, mask, sample_weight)
         self.accumulator.add(grads, stats)
 
     def _replica_apply_accumulated(self):
         grads, stats = self.accumulator.read()
-        self._reduce_and_apply(grads, stats)
+        self.reduce_and_apply(grads, stats)
         self.accumulator.reset()
 
     def _replica_test(self, data):
         x, y, sample_weight = unpack(data, need_targets=False)
         stats, y_pred, mask = self._compute_loss_terms(x, y, sample_weight)
-        self._update_metrics(x, y, y_pred, mask, sample_weight)
+        self.update_metrics(x, y, y_pred, mask, sample_weight)
         totals = self.loss_stats.summed(stats)
         if not self._single:
             totals = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, totals)
-        self._record_loss(totals, self.loss_stats.examples(stats))
+        self.record_loss(totals, self.loss_stats.examples(stats))
 
     def _replica_predict(self, data):
         x, _, _ = unpack(data, need_targets=False)
@@ -354,6 +386,19 @@ class StepFunctions:
             return
         tf.function(lambda: self.strategy.run(self.accumulator.reset), autograph=False)()
         self.micro_step.assign(0)
+
+    def at_update_boundary(self):
+        """True when no gradient accumulation is in progress (always without one):
+        the optimizer is between two updates.
+
+        Example:
+
+        >>> steps.at_update_boundary()
+        True
+        """
+        if self.accumulator is None:
+            return True
+        return int(self.micro_step.numpy()) % self.grad_accum_steps == 0
 
     def _predict_batch(self, data):
         return gather_replica_outputs(self.strategy, self._replica_predict, (data,))

@@ -25,7 +25,127 @@ replicas: every compiled loss's numerator and count, the replica's weight,
 its weighted regularisation, and its number of examples.
 """
 
+from typing import Any, Callable, Protocol, runtime_checkable
+
 import tensorflow as tf
+
+
+@runtime_checkable
+class StepKind(Protocol):
+    """What every step kind has: the model it trains and its training function.
+
+    Attributes:
+        model: the `keras.Model`.
+        train_function: `f(iterator, num_steps)` running up to `num_steps`
+            training steps on batches of `iterator`; returns
+            `(steps_run, logs)` (for `WorkerSteps`: `(metric_deltas,
+            worker_index)`, what the steps add to the metric totals).
+
+    Example:
+
+    >>> isinstance(trainer.step_functions, StepKind)
+    True
+    """
+
+    model: Any
+    train_function: Callable
+
+
+@runtime_checkable
+class FitLoopSteps(StepKind, Protocol):
+    """What `Trainer`'s loop (`fit`, `evaluate`, `predict`, resuming) calls on its
+    step functions.
+
+    Attributes:
+        test_function: `f(iterator, num_steps) -> (steps_run, logs)`.
+        predict_function: `f(distributed_batch) -> outputs` (all replicas
+            and workers gathered, in input order).
+        skip_function: `f(iterator, num_batches) -> batches_skipped`: draws
+            and discards batches (to resume at a data position).
+
+    Example:
+
+    >>> steps = trainer.prepare(dist_dataset, mode="train")
+    >>> isinstance(steps, FitLoopSteps)
+    True
+    """
+
+    test_function: Callable
+    predict_function: Callable
+    skip_function: Callable
+
+    def reset_accumulation(self):
+        """Drops a partial gradient accumulation (no-op without one).
+
+        Example:
+
+        >>> steps.reset_accumulation()
+        """
+
+    def at_update_boundary(self):
+        """True when no gradient accumulation is in progress.
+
+        Example:
+
+        >>> steps.at_update_boundary()
+        True
+        """
+
+
+@runtime_checkable
+class ReplicaSteps(Protocol):
+    """The replica parts of a step, from which another step kind is built
+    (`tfdist.training.ps_loop.WorkerSteps` runs them on parameter-server
+    workers). Call them inside `strategy.run`.
+
+    Attributes:
+        model: the `keras.Model`.
+        optimizer: its optimizer.
+        loss_stats: the `LossStatsLayout` of the statistics they exchange.
+
+    Example:
+
+    >>> isinstance(StepFunctions(model, model.optimizer, loss, strategy,
+    ...                          jit_compile=False, grad_accum_steps=1, clip_norm=None),
+    ...            ReplicaSteps)
+    True
+    """
+
+    model: Any
+    optimizer: Any
+    loss_stats: "LossStatsLayout"
+
+    def compute_gradients(self, x, y, sample_weight):
+        """Forward and backward on the replica's batch: `(grads, stats, y_pred, mask)`.
+
+        Example:
+
+        >>> grads, stats, y_pred, mask = steps.compute_gradients(x, y, None)
+        """
+
+    def reduce_and_apply(self, grads, stats, record=True):
+        """Sums across replicas, normalises, clips, applies; returns the summed statistics.
+
+        Example:
+
+        >>> totals = steps.reduce_and_apply(grads, stats, record=False)
+        """
+
+    def update_metrics(self, x, y, y_pred, mask, sample_weight):
+        """Updates the model's compiled metrics with the replica's batch.
+
+        Example:
+
+        >>> steps.update_metrics(x, y, y_pred, mask, None)
+        """
+
+    def record_loss(self, totals, examples):
+        """Records the global loss from summed statistics in the model's trackers.
+
+        Example:
+
+        >>> steps.record_loss(totals, steps.loss_stats.examples(stats))
+        """
 
 
 class LossStatsLayout:

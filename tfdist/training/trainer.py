@@ -22,7 +22,7 @@ from tfdist.training.loss import GlobalCompileLoss
 from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
                                       variables_outside_scope)
-from tfdist.training.own_step import OwnStepFunctions
+from tfdist.training.own_step import OWN_STEP_HOOKS, StepFunctionsWithOwnSteps
 from tfdist.training.model_parallel.gpipe import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
 from tfdist.training.model_parallel.placement import (deferred_build, place_metric_variables, place_stages,
@@ -510,17 +510,13 @@ class Trainer:
                 "the backup.")
 
     def _update_boundary(self):
-        steps = self._steps
-        if steps is None or steps.accumulator is None:
-            return True
-        return int(steps.micro_step.numpy()) % self.grad_accum_steps == 0
+        return self._steps is None or self._steps.at_update_boundary()
 
     def _reset_accumulation(self):
         """Drops a partial gradient accumulation (left by an interrupted fit)."""
-        steps = self._steps
-        if steps is None or steps.accumulator is None or self._update_boundary():
+        if self._update_boundary():
             return
-        steps.reset_accumulation()
+        self._steps.reset_accumulation()
 
     def _needs_targets(self, mode):
         """Whether `mode`'s batches must carry `y`: only for a compiled loss that
@@ -620,21 +616,15 @@ class Trainer:
                 GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
                 self.strategy, self._stages, micro_batches=self.micro_batches,
                 clip_norm=self.clip_norm, run_eagerly=self.run_eagerly)
-        engine = StepFunctions(
-            self.model, self.optimizer,
-            GlobalCompileLoss(compile_loss) if compile_loss is not None else None,
-            self.strategy, jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
-            clip_norm=self.clip_norm, custom_loss="compute_loss" in self.hooks,
-            run_eagerly=self.run_eagerly)
-        own = [hook for hook in ("train_step", "test_step", "predict_step") if hook in self.hooks]
-        if not own:
-            return engine
-        model_steps = OwnStepFunctions(self.model, self.strategy, jit_compile=self.jit_compile,
-                                       run_eagerly=self.run_eagerly)
-        for hook in own:
-            function = hook.replace("_step", "_function")
-            setattr(engine, function, getattr(model_steps, function))
-        return engine
+        loss = GlobalCompileLoss(compile_loss) if compile_loss is not None else None
+        settings = dict(jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
+                        clip_norm=self.clip_norm, custom_loss="compute_loss" in self.hooks,
+                        run_eagerly=self.run_eagerly)
+        own = [hook for hook in OWN_STEP_HOOKS if hook in self.hooks]
+        if own:
+            return StepFunctionsWithOwnSteps(self.model, self.optimizer, loss, self.strategy,
+                                             own_steps=own, **settings)
+        return StepFunctions(self.model, self.optimizer, loss, self.strategy, **settings)
 
 
 class ModelState(collections.namedtuple(

@@ -232,6 +232,8 @@ class PipelineStepFunctions:
         skip_function: `f(iterator, num_batches) -> batches_skipped`.
         accumulator: None (no gradient accumulation across steps).
 
+    A `tfdist.training.step_kinds.FitLoopSteps`.
+
     Example:
 
     >>> steps = PipelineStepFunctions(model, model.optimizer,
@@ -276,6 +278,16 @@ class PipelineStepFunctions:
 
         >>> steps.reset_accumulation()
         """
+
+    def at_update_boundary(self):
+        """True: every pipelined step ends with its optimizer update.
+
+        Example:
+
+        >>> steps.at_update_boundary()
+        True
+        """
+        return True
 
     # ---------------------------------------------------------------- forward
     def _local(self, data):
