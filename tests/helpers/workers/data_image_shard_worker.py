@@ -13,12 +13,11 @@ no flip), looked up among the images it generated.
 Usage: data_image_shard_worker.py --data-dir DIR --out DIR --shapes-examples 21
 """
 
-import argparse
 import os
 
 import numpy as np
 
-from shard_common import run
+from shard_common import run, shard_arguments
 from tfdist.data import ImageNetTFRecordSource, ShapesSource
 
 
@@ -29,12 +28,7 @@ def pixels_to_uint8(images, source):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--global-batch-size", type=int, default=4)
-    parser.add_argument("--shapes-examples", type=int, default=21)
-    args = parser.parse_args()
+    args = shard_arguments(shapes_examples=21)
     index_of = {}
 
     def sources():

@@ -12,12 +12,11 @@ Example ids: every example's inputs are `[BOS, 4 + id, 4 + id, ...]`, so
 Usage: data_shard_worker.py --data-dir DIR --out DIR --global-batch-size 4
 """
 
-import argparse
 import os
 
 import numpy as np
 
-from shard_common import run
+from shard_common import run, shard_arguments
 from tfdist.data import ArraySource, TFRecordSource
 from tfdist.data.tokens import NUM_RESERVED
 
@@ -30,13 +29,7 @@ def id_rows(ids):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--global-batch-size", type=int, default=4)
-    parser.add_argument("--memory-examples", type=int, default=19)
-    parser.add_argument("--vocab-size", type=int, default=1000)
-    args = parser.parse_args()
+    args = shard_arguments(memory_examples=19, vocab_size=1000)
 
     def sources():
         return {

@@ -2,6 +2,7 @@
 read one epoch of each source and record the example ids each worker saw,
 with the shard mode the pipeline announced, into `OUT/worker-RANK.json`."""
 
+import argparse
 import json
 import logging
 import os
@@ -11,6 +12,21 @@ threading.Timer(200, lambda: os._exit(98)).start()  # never outlive the test
 
 from tfdist.data import distribute_dataset  # noqa: E402
 from tfdist.distribute.strategy_factory import create_strategy  # noqa: E402
+
+
+def shard_arguments(**int_options):
+    """The worker's command line: --data-dir, --out, --global-batch-size (default 4)
+    and an integer option for each keyword, with its value as the default.
+
+    Example: `shard_arguments(memory_examples=19)` also reads `--memory-examples N`.
+    """
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--global-batch-size", type=int, default=4)
+    for name, default in int_options.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    return parser.parse_args()
 
 
 class ModeRecorder(logging.Handler):
