@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tfdist.distribute.tf_config import ClusterConfig, TFConfigError, parse_tf_config
+from tfdist.distribute.tf_config import (ClusterConfig, TFConfigError, parse_tf_config,
+                                         tf_config_text)
 
 TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
                "task": {"type": "worker", "index": 1}}
@@ -162,3 +163,15 @@ def test_config_from_resolver_reads_any_cluster_resolver():
     with pytest.raises(ValueError,
                        match=r"names a cluster but not this process's task.*task_type=None"):
         config_from_resolver(tf.distribute.cluster_resolver.SimpleClusterResolver(spec))
+
+
+def test_the_tf_config_a_launcher_writes_is_parsed_back_to_the_same_task():
+    cluster = {"chief": ["127.0.0.1:2222"], "worker": ["[::1]:2223", "[::1]:2224"],
+               "ps": ["127.0.0.1:2225"]}
+    parsed = parse_tf_config(tf_config_text(cluster, "worker", 1))
+    assert (parsed.task_type, parsed.task_index, parsed.own_address) == ("worker", 1, "[::1]:2224")
+
+
+def test_a_launcher_never_writes_a_tf_config_that_names_a_task_outside_its_cluster():
+    with pytest.raises(TFConfigError, match="index"):
+        tf_config_text({"worker": ["127.0.0.1:2222"]}, "worker", 1)

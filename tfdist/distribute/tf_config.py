@@ -97,6 +97,30 @@ class ClusterConfig:
                 "task": {"type": self.task_type, "index": self.task_index}}
 
 
+def tf_config_text(cluster, task_type, task_index):
+    """Returns the TF_CONFIG value that makes a process task `task_index` of `task_type` in `cluster`.
+
+    The text is checked by `parse_tf_config` before it is returned, so a
+    launcher never hands a worker a TF_CONFIG that TensorFlow would misread.
+
+    Args:
+        cluster: {task type: [address, ...]}, e.g. {"worker": ["127.0.0.1:2222"]}.
+        task_type: "chief", "worker", "ps" or "evaluator".
+        task_index: the task's index in `cluster[task_type]`.
+
+    Raises:
+        TFConfigError: naming the bad field.
+
+    Example:
+
+    >>> tf_config_text({"worker": ["127.0.0.1:2222"]}, "worker", 0)
+    '{"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker", "index": 0}}'
+    """
+    text = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": task_index}})
+    parse_tf_config(text)
+    return text
+
+
 def parse_tf_config(raw=None):
     """Parses and validates TF_CONFIG.
 

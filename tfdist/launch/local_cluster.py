@@ -7,9 +7,9 @@ job, a chief, N workers and M ps tasks (`job_tasks(N, ps=M)`).
 Nothing here imports TensorFlow; the layout is plain data.
 """
 
-import json
 import socket
 
+from tfdist.distribute.tf_config import tf_config_text
 from tfdist.runtime.tf_logging import LOG_LEVEL_ENV, QUIET_LEVEL
 
 
@@ -129,7 +129,7 @@ def cluster_spec(host, ports, tasks=None):
     if tasks is None:
         tasks = job_tasks(len(ports))
     cluster = {}
-    for (kind, _), port in zip(tasks, ports):
+    for (kind, _), port in zip(tasks, ports, strict=True):
         cluster.setdefault(kind, []).append(address(host, port))
     return cluster
 
@@ -200,7 +200,7 @@ def task_env(base_env, cluster, task, ready_file, devices_per_worker=None,
     """
     kind, index = task
     env = dict(base_env)
-    env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+    env["TF_CONFIG"] = tf_config_text(cluster, kind, index)
     rank = training_rank(cluster, task)
     if rank is None:
         env.pop("TFDIST_RANK", None)
