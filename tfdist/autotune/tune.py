@@ -24,6 +24,7 @@ import time
 from tfdist.autotune.cache import DecisionCache, hardware_signature, signature_key
 from tfdist.autotune.candidates import Candidate, candidate_grid
 from tfdist.autotune.decide import Decision, choose, format_decision
+from tfdist.seam import forget_retracing_counts, strategy_worker_count
 
 TRIAL_ROUNDS = 3
 TRIAL_STEPS = 3
@@ -103,13 +104,9 @@ def _forget_trial_tracing():
     """The trial traced each candidate's step functions once; TensorFlow counts
     those traces per method, and would call the real run's first evaluation
     (the 5th trace of the same method) "excessive retracing". Its counters are
-    private: where they are not found, the warning is only noise."""
-    try:
-        from tensorflow.python.eager.polymorphic_function import polymorphic_function
-
-        polymorphic_function._frequent_tracing_detector_manager._detectors.clear()
-    except (ImportError, AttributeError):
-        pass
+    private (`tfdist.seam.forget_retracing_counts`): where they are not found,
+    the warning is only noise."""
+    forget_retracing_counts()
 
 
 def _cached_decision(entry, grid):
@@ -240,7 +237,7 @@ def tune_model(build_model, dataset, *, global_batch_size, strategy=None, precis
     if xla not in XLA_MODES:
         raise ValueError(f"Unknown XLA mode {xla!r}; choose one of {', '.join(XLA_MODES)}.")
     strategy = strategy or tf.distribute.get_strategy()
-    workers = getattr(strategy.extended, "_num_workers", 1) or 1
+    workers = strategy_worker_count(strategy)
     if workers > 1:
         raise ValueError(f"tune_model under {workers} workers: each would time on its own and "
                          "they could disagree. Tune on one worker, then pass the choice to all.")

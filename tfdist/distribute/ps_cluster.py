@@ -175,10 +175,11 @@ def place_variables_by_size(strategy):
     """
     import numpy as np
     import tensorflow as tf
-    from tensorflow.python.framework import ops  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from tfdist.seam import (parameter_server_count, set_parameter_server_placement,
+                             without_colocation)
 
-    extended = strategy.extended
-    held = [0] * extended._num_ps  # pylint: disable=protected-access
+    held = [0] * parameter_server_count(strategy)
     turn = [0]
 
     def create(next_creator, **kwargs):
@@ -196,11 +197,11 @@ def place_variables_by_size(strategy):
             task = min(range(len(held)), key=held.__getitem__)
         held[task] += size or 0
         # As TensorFlow's own placement: no colocation, the ps task's CPU.
-        with ops.colocate_with(None, ignore_existing=True), \
+        with without_colocation(), \
                 tf.device(f"/job:ps/task:{task}/device:CPU:0"):
             return next_creator(**kwargs)
 
-    extended._create_variable_round_robin = create  # pylint: disable=protected-access
+    set_parameter_server_placement(strategy, create)
 
 
 def _bytes_of(kwargs, np, tf):

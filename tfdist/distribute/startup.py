@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfdist.distribute.collectives import barrier
 from tfdist.distribute.tf_config import TRAINING_TASK_TYPES, StrategyStartupError
+from tfdist.seam import configure_coordination_service
 
 logger = logging.getLogger("tfdist")
 
@@ -132,22 +133,13 @@ def bound_cluster_registration(config, deadline):
 
     >>> bound_cluster_registration(parse_tf_config(), deadline=300.0)  # before the strategy
     """
-    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
-
-    ctx = context.context()
-    if ctx.coordination_service is not None:
+    leader_job = "chief" if "chief" in config.cluster else "worker"
+    jobs = {kind: len(config.cluster[kind]) for kind in TRAINING_TASK_TYPES
+            if kind in config.cluster}
+    if not configure_coordination_service(f"/job:{leader_job}/replica:0/task:0", jobs,
+                                          deadline):
         logger.info("the coordination service is already configured; the start-up "
                     "deadline covers only the connectivity check.")
-        return
-    leader_job = "chief" if "chief" in config.cluster else "worker"
-    ctx.configure_coordination_service(
-        service_type="standalone", service_leader=f"/job:{leader_job}/replica:0/task:0",
-        cluster_register_timeout_in_ms=int(deadline * 1000))
-    service = ctx.coordination_service
-    for kind in TRAINING_TASK_TYPES:
-        if kind in config.cluster:
-            service.coordinated_job_list.add(name=kind, num_tasks=len(config.cluster[kind]))
-    service.cluster_register_with_barrier = True
 
 
 def check_connectivity(strategy, config, timeout, deadline):

@@ -29,6 +29,7 @@ from tfdist.distribute.names import (ALL_REDUCE_NAMES, CLUSTER_RESOLVER_NAMES,  
                                     check_all_reduce_name, check_strategy_name)
 from tfdist.distribute.introspection import describe_strategy, remember_creation
 from tfdist.distribute.slurm import slurm_resolver
+from tfdist.seam import mirrored_strategy_with_key_base, multi_worker_strategy_on_local_devices
 from tfdist.distribute.startup import (bound_cluster_registration, check_connectivity,
                                        check_seconds, startup_error, startup_timeout_seconds,
                                        write_ready_file)
@@ -448,14 +449,11 @@ def _new_mirrored_strategy(devices, cross_device_ops):
     and instance keys at the same base, so a second strategy over the same
     devices (a benchmark sweep, a test suite) reuses the first one's keys,
     and one shape mismatch aborts every collective of the process. TF reads
-    the base from a class attribute at construction, hence the swap.
+    the base from a class attribute at construction, hence the swap
+    (`tfdist.seam.mirrored_strategy_with_key_base`).
     """
-    base = tf.distribute.MirroredStrategy._collective_key_base
-    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * next(_mirrored_strategies_created)
-    try:
-        return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
-    finally:
-        tf.distribute.MirroredStrategy._collective_key_base = base
+    return mirrored_strategy_with_key_base(10_000 * next(_mirrored_strategies_created),
+                                           devices, cross_device_ops)
 
 
 def _new_multi_worker_strategy(resolver, options, local):
@@ -474,23 +472,8 @@ def _per_worker_devices_strategy(resolver, options, device_type, count):
     dataset sharding), so only the local-device choice is overridden.
     """
     try:
-        # pylint: disable=import-outside-toplevel
-        from tensorflow.python.distribute.collective_all_reduce_strategy import (
-            CollectiveAllReduceExtended)
+        return multi_worker_strategy_on_local_devices(resolver, options, device_type, count)
     except ImportError as error:
         raise DeviceConfigError(
             f"This TensorFlow version cannot use {count} {device_type} devices per worker "
             "with multi_worker_mirrored; use devices=None.") from error
-
-    class _Extended(CollectiveAllReduceExtended):
-        def _initialize_local_devices(self, cluster_resolver, worker_device):
-            return (tuple(f"{worker_device}/device:{device_type}:{i}" for i in range(count)),
-                    device_type)
-
-    class _Strategy(tf.distribute.MultiWorkerMirroredStrategy):
-        def __init__(self):  # pylint: disable=super-init-not-called
-            tf.distribute.Strategy.__init__(
-                self, _Extended(self, cluster_resolver=resolver, communication_options=options))
-
-    _Strategy.__name__ = _Strategy.__qualname__ = "MultiWorkerMirroredStrategy"
-    return _Strategy()
