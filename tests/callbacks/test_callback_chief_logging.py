@@ -76,8 +76,7 @@ def read_csv(path):
     (tf_config("worker", 0, chief=True), ("worker", 0, False)),
     (tf_config("chief", 0, chief=True), ("chief", 0, True)),
     (tf_config("evaluator", 0), ("evaluator", 0, True)),
-    (json.dumps({"cluster": {"worker": ["localhost:1000"], "ps": ["localhost:1002"]},
-                 "task": {"type": "ps", "index": 0}}), ("ps", 0, False)),
+    (tf_config("ps", 0, workers=1, ps=["localhost:1002"]), ("ps", 0, False)),
 ])
 def test_task_info_follows_tf_config(monkeypatch, config, expected):
     if config is None:
