@@ -47,7 +47,10 @@ GLOBAL_BATCH = 16
 EXAMPLES = 64  # 4 steps per epoch
 
 
-class EpochRecorder(keras.callbacks.Callback):
+class EpochLogsAndSavePathRecorder(keras.callbacks.Callback):
+    """Records each epoch's logs and, given a ModelCheckpoint `probe`, the path it
+    names at that epoch's end and whether that file exists."""
+
     def __init__(self, probe=None):
         super().__init__()
         self.epochs, self.probe, self.seen_paths = [], probe, []
@@ -82,7 +85,7 @@ def trainer(strategy, on_read=False):
 def phase_logging(strategy, rank_dir, result):
     model, fit_engine = trainer(strategy)
     logging = make_logging_callbacks(os.path.join(rank_dir, "logs"), checkpoint=True)
-    recorder = EpochRecorder()
+    recorder = EpochLogsAndSavePathRecorder()
     meter = ThroughputMeter(GLOBAL_BATCH, num_replicas=strategy.num_replicas_in_sync,
                             warmup_steps=1, print_fn=None)
     callbacks = ([meter, LearningRateLogger(), DeviceMemoryMonitor(warn_fraction=None)] + logging + [
@@ -105,7 +108,7 @@ def phase_on_read(strategy, rank_dir, result):
     model, fit_engine = trainer(strategy, on_read=True)
     checkpoint = ChiefOnly(keras.callbacks.ModelCheckpoint(
         os.path.join(rank_dir, "on_read", "model.weights.h5"), save_weights_only=True))
-    recorder = EpochRecorder(probe=checkpoint)
+    recorder = EpochLogsAndSavePathRecorder(probe=checkpoint)
     fit_engine.fit(data(), epochs=2, callbacks=[checkpoint, recorder], verbose=0)
     result["on_read"] = {"seen_paths": recorder.seen_paths,
                          "exists_after": [os.path.exists(p) for p, _ in recorder.seen_paths],

@@ -58,7 +58,10 @@ def phase_sgd(strategy, out, jit_compile=False, name="sgd"):
         json.dump(history.history, f)
 
 
-class BatchRecorder(keras.callbacks.Callback):
+class TrainTestBatchRecorder(keras.callbacks.Callback):
+    """Records the train and test batch indices, and each epoch's logs with whether
+    the callback had its model."""
+
     def __init__(self):
         super().__init__()
         self.train_batches, self.test_batches, self.epochs = [], [], []
@@ -84,7 +87,7 @@ def phase_callbacks(strategy, out):
         optimizer = keras.optimizers.SGD(0.1)
     trainer = Trainer(model, optimizer, "mse", metrics=["mae"], strategy=strategy,
                       steps_per_execution=2)
-    recorder = BatchRecorder()
+    recorder = TrainTestBatchRecorder()
     callbacks = [
         keras.callbacks.ModelCheckpoint(os.path.join(rank_dir, "best.keras"),
                                         monitor="val_loss", save_best_only=True),
