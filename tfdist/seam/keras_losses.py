@@ -45,7 +45,7 @@ def set_keras_mask(tensor, mask):
 
 
 def squeeze_or_expand_to_same_rank(x1, x2):
-    """`(x1, x2)` with the rank of one squeezed or expanded to match the other, as Keras's losses do.
+    """`(x1, x2)` with one squeezed or expanded to the other's rank, as Keras's losses do.
 
     Private: `keras.src.losses.loss.squeeze_or_expand_to_same_rank`.
 
@@ -145,7 +145,8 @@ def compile_loss_entries_replaced(compile_loss, entries):
     ...     compile_loss.call(y_true, y_pred, sample_weight)
     """
     saved = compile_loss._flat_losses, compile_loss._metrics  # noqa: SLF001 - the seam
-    compile_loss._flat_losses, compile_loss._metrics = entries, [None] * len(entries)  # noqa: SLF001
+    compile_loss._flat_losses = entries  # noqa: SLF001
+    compile_loss._metrics = [None] * len(entries)  # noqa: SLF001
     try:
         yield
     finally:
@@ -153,7 +154,7 @@ def compile_loss_entries_replaced(compile_loss, entries):
 
 
 def model_loss_value(model, **kwargs):
-    """The model's loss as Keras's own steps compute it (passing `training` when `compute_loss` takes it).
+    """The model's loss as Keras's own steps compute it (with `training` where `compute_loss` takes it).
 
     Private: `keras.Model._compute_loss`.
 
@@ -177,7 +178,7 @@ def model_loss_tracker(model):
 
 
 def declare_metric_direction(metric, direction):
-    """Tells Keras's callbacks whether larger (`"up"`) or smaller (`"down"`) values of `metric` are better.
+    """Tells Keras's callbacks whether larger (`"up"`) or smaller (`"down"`) values are better.
 
     `EarlyStopping`/`ModelCheckpoint` with `mode="auto"` read it.
 

@@ -56,7 +56,7 @@ def metrics_in_keras_order(model, logs):
 
 
 def model_compile_config(model):
-    """The arguments of the model's last `compile()` (a `SerializableDict`, `.config` the dict), or None.
+    """The arguments of the model's last `compile()` (`.config` is the dict), or None.
 
     Keras makes a new one at every `compile()`.
 
@@ -71,7 +71,7 @@ def model_compile_config(model):
 
 
 def symbolic_build(model, data_batch):
-    """Builds the model, its compiled loss and metrics (and optimizer) from a batch spec, as `fit` does.
+    """Builds the model, its compiled loss, metrics and optimizer from a batch spec, as `fit` does.
 
     Private: `keras.Model._symbolic_build`.
 
@@ -238,7 +238,7 @@ def direct_sublayers(layer):
 
 
 def variable_storage(variable):
-    """The backend object holding a `keras.Variable`'s value (a `tf.Variable` on TensorFlow; None before it has one).
+    """The backend object holding a `keras.Variable`'s value (a `tf.Variable`; None before one).
 
     Private: `keras.Variable._value`.
 

@@ -14,7 +14,7 @@ import contextlib
 
 @contextlib.contextmanager
 def gradient_sum_skipped(optimizers):
-    """Context in which each of `optimizers` applies its gradients as given, without a cross-replica sum.
+    """Context in which each of `optimizers` applies its gradients as given, with no cross-replica sum.
 
     Optimizers without the sum (not the TensorFlow backend's) are left alone.
 
@@ -44,7 +44,7 @@ def _unchanged(grads_and_vars):
 
 @contextlib.contextmanager
 def gradient_sum_wrapped(wrap):
-    """Context in which every TensorFlow-backend Keras optimizer sums gradients through `wrap(original)`.
+    """Context in which every TensorFlow-backend Keras optimizer sums through `wrap(original)`.
 
     Class-wide, so optimizers a model keeps in its own attributes are covered.
     `wrap` receives Keras's method `original(optimizer, grads_and_vars)` and
@@ -148,7 +148,7 @@ def optimizer_trainable_variables(optimizer):
 
 
 def held_learning_rate(optimizer):
-    """What the optimizer holds as its learning rate: a variable, a schedule or a callable (None if absent).
+    """The optimizer's held learning rate: a variable, a schedule or a callable (None if absent).
 
     `optimizer.learning_rate` evaluates a schedule; this is the held object.
 

@@ -31,7 +31,7 @@ def default_strategy():
 
 @contextlib.contextmanager
 def strategy_scopes_hidden():
-    """Context in which no `strategy.scope()` is active (the default strategy is); they return on exit.
+    """Context in which no `strategy.scope()` is active (the default strategy is) until exit.
 
     Private: the default graph's `_distribution_strategy_stack` (TensorFlow
     keeps the active scopes there, per thread).
@@ -54,7 +54,7 @@ def strategy_scopes_hidden():
 
 
 def create_plain_variable(**kwargs):
-    """A plain `ResourceVariable` from `tf.Variable`'s arguments, whatever creator scopes are active.
+    """A plain `ResourceVariable` from `tf.Variable`'s arguments, whatever creator scopes are on.
 
     Private: `resource_variable_ops.default_variable_creator_v2`.
 
@@ -128,7 +128,7 @@ def parameter_server_count(strategy):
 
 
 def set_parameter_server_placement(strategy, create):
-    """Makes a `ParameterServerStrategy` create (and place) every variable with `create(next_creator, **kwargs)`.
+    """Makes a `ParameterServerStrategy` create and place variables with `create(next_creator, **kw)`.
 
     Replaces TensorFlow's round-robin placement over the ps tasks.
 
@@ -170,7 +170,7 @@ def strategy_cluster_resolver(strategy):
 
 
 def mirrored_strategy_with_key_base(key_base, devices, cross_device_ops):
-    """A `tf.distribute.MirroredStrategy` whose collective group and instance keys start at `key_base`.
+    """A `tf.distribute.MirroredStrategy` whose collective group/instance keys start at `key_base`.
 
     TensorFlow reads the base from a class attribute at construction, hence
     a swap for the duration of the call.
