@@ -190,6 +190,7 @@ def test_every_seam_function_is_pinned():
                    if not name.startswith("_") and getattr(value, "__module__", "") == module.__name__}
     assert sorted(public - set(PINS)) == [], "seam functions without a pin in PINS"
     assert sorted(set(PINS) - public) == [], "pins of seam functions that do not exist"
+    assert sorted(seam.__all__) == sorted(public), "tfdist.seam.__all__ must list every seam"
     for name in public:  # the package exports every seam
         assert getattr(seam, name) is not None
 
