@@ -184,11 +184,8 @@ def array_dataset(x, y=None, sample_weight=None, *, batch_size, shuffle=False,
     shuffle = _check_shuffle(shuffle)
     if seed is not None or shuffle is not False:
         seed = shuffle_seed(seed)  # checks it, or draws one
-    for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-        if (value is not None or name == "x") and not is_array_input(value):
-            raise TypeError(
-                f"array_dataset: {name} must be {ALLOWED_ARRAYS}; got "
-                f"{type(value).__name__}.")
+    _require_arrays(x, y, sample_weight, lambda name, value: (
+        f"array_dataset: {name} must be {ALLOWED_ARRAYS}; got {type(value).__name__}."))
     _check_class_weight(class_weight, y, sample_weight)
     num_rows = _row_count(x, y, sample_weight)
 
@@ -256,11 +253,9 @@ def split_validation(x, y, sample_weight, validation_split):
             f"got {validation_split!r}.")
     if not validation_split:
         return (x, y, sample_weight), None
-    for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-        if (value is not None or name == "x") and not is_array_input(value):
-            raise TypeError(
-                f"validation_split needs array data ({ALLOWED_ARRAYS}); {name} is a "
-                f"{type(value).__name__}. Pass validation_data instead.")
+    _require_arrays(x, y, sample_weight, lambda name, value: (
+        f"validation_split needs array data ({ALLOWED_ARRAYS}); {name} is a "
+        f"{type(value).__name__}. Pass validation_data instead."))
     _row_count(x, y, sample_weight)
     train, validation = keras_train_validation_split(
         (x, y, sample_weight), float(validation_split))
@@ -318,6 +313,14 @@ def _check_shuffle(shuffle):
             "permutation of all rows every pass; \"batch\": rows shuffled within each "
             f"batch), got {shuffle!r}.")
     return shuffle if isinstance(shuffle, str) else bool(shuffle)
+
+
+def _require_arrays(x, y, sample_weight, message):
+    """Raises `TypeError(message(name, value))` for the first of `x` (always) and
+    `y`, `sample_weight` (when given) that is not array data."""
+    for name, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        if (value is not None or name == "x") and not is_array_input(value):
+            raise TypeError(message(name, value))
 
 
 def _check_class_weight(class_weight, y, sample_weight):

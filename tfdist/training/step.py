@@ -134,14 +134,9 @@ class StepFunctions:
         self._compute_predictions = _jit(self._predictions, jit_compile)
         self._run_replica_train = _jit(self._replica_train, whole_step)
         self._run_replica_test = _jit(self._replica_test, whole_step)
-        if run_eagerly:
-            compiled = lambda f: f  # noqa: E731
-        else:
-            compiled = lambda f: tf.function(f, reduce_retracing=True, autograph=False)  # noqa: E731
-        self.train_function = compiled(self._train_loop)
-        self.test_function = compiled(self._test_loop)
-        self.predict_function = compiled(self._predict_batch)
-        self.skip_function = compiled(self._skip_loop)
+        (self.train_function, self.test_function, self.predict_function,
+         self.skip_function) = compile_step_functions(
+            self._train_loop, self._test_loop, self._predict_batch, run_eagerly=run_eagerly)
 
     # ----------------------------------------------------------- replica work
     def _objective_terms(self, x, y, sample_weight, training):
@@ -371,9 +366,6 @@ class StepFunctions:
     def _test_loop(self, iterator, num_steps):
         return self._loop(self._test_step, iterator, num_steps)
 
-    def _skip_loop(self, iterator, num_batches):
-        return skip_batches(iterator, num_batches)
-
     def reset_accumulation(self):
         """Drops a partial gradient accumulation: zeroes every replica's
         buffers and the micro-batch counter (no-op without accumulation).
@@ -474,6 +466,24 @@ def run_steps(step, iterator, num_steps):
                                                      tf.logical_not(exhausted)),
         body, [tf.constant(0, tf.int32), tf.constant(False)])
     return done
+
+
+def compile_step_functions(train_loop, test_loop, predict_batch, *, run_eagerly):
+    """A step kind's `(train_function, test_function, predict_function,
+    skip_function)`: its train and test loops, its predict function and
+    `skip_batches`, each a `tf.function` (no autograph, retracing reduced)
+    unless `run_eagerly`.
+
+    Example:
+
+    >>> train_function, test_function, predict_function, skip_function = (
+    ...     compile_step_functions(train_loop, test_loop, predict_batch, run_eagerly=False))
+    """
+    functions = (train_loop, test_loop, predict_batch, skip_batches)
+    if run_eagerly:
+        return functions
+    return tuple(tf.function(function, reduce_retracing=True, autograph=False)
+                 for function in functions)
 
 
 def skip_batches(iterator, num_batches):

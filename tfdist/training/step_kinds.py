@@ -75,7 +75,9 @@ class FitLoopSteps(StepKind, Protocol):
     skip_function: Callable
 
     def reset_accumulation(self):
-        """Drops a partial gradient accumulation (no-op without one).
+        """Drops a partial gradient accumulation (no-op without one; this
+        default, for a step kind that subclasses `FitLoopSteps` and never
+        accumulates, does nothing).
 
         Example:
 
@@ -83,13 +85,15 @@ class FitLoopSteps(StepKind, Protocol):
         """
 
     def at_update_boundary(self):
-        """True when no gradient accumulation is in progress.
+        """True when no gradient accumulation is in progress (this default,
+        for a step kind that never accumulates: always True).
 
         Example:
 
         >>> steps.at_update_boundary()
         True
         """
+        return True
 
 
 @runtime_checkable

@@ -78,8 +78,8 @@ from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
-from tfdist.training.step import run_steps, skip_batches
-from tfdist.training.step_kinds import LossStatsLayout
+from tfdist.training.step import compile_step_functions, run_steps
+from tfdist.training.step_kinds import FitLoopSteps, LossStatsLayout
 
 MICRO_BATCHES_PER_STAGE = 2
 """Default micro-batches per step: `2 * model_parallel` (see `default_micro_batches`)."""
@@ -205,7 +205,7 @@ def check_pipeline_settings(model, hooks, strategy, *, model_parallel, jit_compi
             "across workers, or model_parallel=1 for data parallelism across devices.")
 
 
-class PipelineStepFunctions:
+class PipelineStepFunctions(FitLoopSteps):
     """The Trainer's step functions for a model split into pipeline stages.
 
     Same contract as `tfdist.training.step.StepFunctions`, so the Trainer's
@@ -232,7 +232,9 @@ class PipelineStepFunctions:
         skip_function: `f(iterator, num_batches) -> batches_skipped`.
         accumulator: None (no gradient accumulation across steps).
 
-    A `tfdist.training.step_kinds.FitLoopSteps`.
+    A `tfdist.training.step_kinds.FitLoopSteps`, whose `reset_accumulation`
+    (nothing to drop) and `at_update_boundary` (always True: every pipelined
+    step ends with its optimizer update) it takes.
 
     Example:
 
@@ -262,32 +264,10 @@ class PipelineStepFunctions:
         self._reg_factor = 1.0 if self.normalized else self._sum_weight
         self._input_keys = model_input_keys(model)
         self._output_keys = model_output_keys(model)
-        if run_eagerly:
-            compiled = lambda f: f  # noqa: E731
-        else:
-            compiled = lambda f: tf.function(f, reduce_retracing=True, autograph=False)  # noqa: E731
-        self.train_function = compiled(self._train_loop)
-        self.test_function = compiled(self._test_loop)
-        self.predict_function = compiled(self._predict_batch)
-        self.skip_function = compiled(self._skip_loop)
+        (self.train_function, self.test_function, self.predict_function,
+         self.skip_function) = compile_step_functions(
+            self._train_loop, self._test_loop, self._predict_batch, run_eagerly=run_eagerly)
 
-    def reset_accumulation(self):
-        """No-op: a pipelined step never leaves a partial accumulation behind.
-
-        Example:
-
-        >>> steps.reset_accumulation()
-        """
-
-    def at_update_boundary(self):
-        """True: every pipelined step ends with its optimizer update.
-
-        Example:
-
-        >>> steps.at_update_boundary()
-        True
-        """
-        return True
 
     # ---------------------------------------------------------------- forward
     def _local(self, data):
@@ -605,8 +585,6 @@ class PipelineStepFunctions:
         with outside_strategy_scopes():
             return self._loop(self._test_step, iterator, num_steps)
 
-    def _skip_loop(self, iterator, num_batches):
-        return skip_batches(iterator, num_batches)
 
     def _predict_batch(self, data):
         with outside_strategy_scopes():
