@@ -1,6 +1,6 @@
 """Which process of a distributed job is the chief (the one that writes files).
 
-The rule lives in `tfdist.distribute.strategy.task_info`; callbacks find the job's
+The rule lives in `tfdist.distribute.introspection.task_info`; callbacks find the job's
 strategy through their model, since they run outside `strategy.scope()`.
 """
 

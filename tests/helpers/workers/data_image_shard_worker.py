@@ -1,6 +1,6 @@
 """Multi-worker test worker for the image sources' sharding.
 
-Builds MultiWorkerMirroredStrategy with tfdist.distribute.strategy.create_strategy (which
+Builds MultiWorkerMirroredStrategy with tfdist.distribute.strategy_factory.create_strategy (which
 signals the launcher), then for each image source iterates one training epoch of
 `distribute_dataset` (no repeat, partial last batch kept) and records the
 example ids its replicas received and the shard mode the pipeline logged.

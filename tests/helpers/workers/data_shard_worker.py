@@ -1,6 +1,6 @@
 """Multi-worker test worker for tfdist.data sharding.
 
-Builds MultiWorkerMirroredStrategy with tfdist.distribute.strategy.create_strategy (which
+Builds MultiWorkerMirroredStrategy with tfdist.distribute.strategy_factory.create_strategy (which
 signals the launcher), then for each source iterates one epoch of
 `distribute_dataset` (training order, no repeat, partial last batch kept) and
 records the example ids this worker's replicas received, plus the shard mode

@@ -1,4 +1,4 @@
-"""Test worker for tfdist.distribute.strategy: builds a strategy with `create_strategy`
+"""Test worker for tfdist.distribute.strategy_factory: builds a strategy with `create_strategy`
 from the environment the launcher (or the test) set, runs one all-reduce of
 (worker index + 1) per replica inside a tf.function, reads back a variable
 created in the strategy scope, and prints one line
