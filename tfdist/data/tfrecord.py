@@ -17,7 +17,30 @@ FORMATS = ("tokens", "text", "raw")
 DEFAULT_FEATURES = {"tokens": "tokens", "text": "text", "raw": None}
 
 
-class TFRecordSource(SequenceSource):
+class TFRecordReading:
+    """How a source whose `files` are TFRecord files reads them (a mixin).
+
+    The class it is mixed into sets `files`, `compression_type` and
+    `skipped` (a `SkippedRecords`, or None to fail on a corrupt record).
+    Without skipping, the files are read in order as one dataset, identical
+    in every worker; with skipping, file by file through `read_file`.
+
+    Example:
+
+        class MyTFRecordSource(TFRecordReading, SequenceSource): ...
+    """
+
+    def read_file(self, path):
+        return read_tfrecords(path, self.compression_type, self.skipped)
+
+    def read_all(self):
+        # Sequential, in file order: identical in every worker (record sharding).
+        if self.skipped is not None:
+            return super().read_all()  # file by file, each through read_file
+        return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
+
+
+class TFRecordSource(TFRecordReading, SequenceSource):
     """Sequences stored in TFRecord files.
 
     Formats:
@@ -115,15 +138,6 @@ class TFRecordSource(SequenceSource):
             check_holds_examples(self.files)
         if self.skipped is None:  # when skipping, reading notes a file cut short
             check_tfrecord_tails(self.files, self.compression_type)
-
-    def read_file(self, path):
-        return read_tfrecords(path, self.compression_type, self.skipped)
-
-    def read_all(self):
-        # Sequential, in file order: identical in every worker (record sharding).
-        if self.skipped is not None:
-            return super().read_all()  # file by file, each through read_file
-        return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
 
     def _ids(self, record):
         if self.format == "raw":

@@ -13,17 +13,17 @@ least as many files as pipelines (the reference has 1024 train shards).
 
 import tensorflow as tf
 
-from tfdist.data.corruption import check_tfrecord_tails, read_tfrecords, skipped_records_log
+from tfdist.data.corruption import check_tfrecord_tails, skipped_records_log
 from tfdist.data.files import check_holds_examples, expand_files
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
-from tfdist.data.tfrecord import write_tfrecord_shards
+from tfdist.data.tfrecord import TFRecordReading, write_tfrecord_shards
 
 IMAGE_KEY = "image/encoded"
 LABEL_KEY = "image/class/label"
 FORMATS = ("jpeg", "png")
 
 
-class ImageNetTFRecordSource(ImageSource):
+class ImageNetTFRecordSource(TFRecordReading, ImageSource):
     """Images and class labels in ImageNet-style TFRecord files.
 
     Args:
@@ -79,15 +79,6 @@ class ImageNetTFRecordSource(ImageSource):
             check_tfrecord_tails(self.files, self.compression_type)
         super().__init__(num_classes, image_size, class_names=class_names, mean=mean, std=std,
                          cache_decoded=cache_decoded, **image_options)
-
-    def read_file(self, path):
-        return read_tfrecords(path, self.compression_type, self.skipped)
-
-    def read_all(self):
-        # Sequential, in file order: identical in every worker (record sharding).
-        if self.skipped is not None:
-            return super().read_all()  # file by file, each through read_file
-        return tf.data.TFRecordDataset(list(self.files), compression_type=self.compression_type)
 
     def decode_example(self, record):
         parsed = tf.io.parse_single_example(record, {
