@@ -106,44 +106,32 @@ def test_cosine_end_learning_rate_is_alpha_times_base():
     assert float(by_end(110)) == pytest.approx(0.02, rel=1e-6)
 
 
-def test_polynomial_exact_values():
-    schedule = make_schedule(
-        "polynomial", 0.1, warmup_steps=100, total_steps=1100, end_learning_rate=0.01, power=2.0
-    )
-    got = values(schedule, [100, 600, 1100, 5000])
+EXACT_VALUES = {
     # (base - end) * (1 - 500/1000) ** 2 + end = 0.0325 half-way.
-    np.testing.assert_allclose(got, [0.1, 0.0325, 0.01, 0.01], rtol=1e-5)
-
-
-def test_step_decay_switches_at_the_boundary_steps():
-    schedule = make_schedule("step", 0.1, warmup_steps=100, boundaries=[300, 600], decay_rate=0.1)
-    got = values(schedule, [100, 299, 300, 301, 599, 600, 10**5])
-    np.testing.assert_allclose(got, [0.1, 0.1, 0.01, 0.01, 0.01, 0.001, 0.001], rtol=1e-5)
-
-
-def test_step_decay_without_warmup():
-    schedule = make_schedule("step", 0.5, boundaries=[1, 3], decay_rate=0.5)
-    np.testing.assert_allclose(values(schedule, [0, 1, 2, 3]), [0.5, 0.25, 0.25, 0.125], rtol=1e-6)
-
-
-def test_exponential_exact_values():
-    smooth = make_schedule("exponential", 0.1, warmup_steps=100, total_steps=1100)
-    np.testing.assert_allclose(
-        values(smooth, [100, 600, 1100]), [0.1, 0.1 * 0.1**0.5, 0.01], rtol=1e-5
-    )
-    stairs = make_schedule(
-        "exponential", 0.1, warmup_steps=100, decay_steps=250, decay_rate=0.5, staircase=True
-    )
-    np.testing.assert_allclose(values(stairs, [349, 350, 600]), [0.1, 0.05, 0.025], rtol=1e-6)
-
-
-def test_cosine_restarts_exact_values():
-    schedule = make_schedule(
-        "cosine_restarts", 0.1, warmup_steps=100, first_decay_steps=200, t_mul=1.0, m_mul=0.5
-    )
-    got = values(schedule, [100, 200, 300, 400])
+    "polynomial": (("polynomial", 0.1), dict(warmup_steps=100, total_steps=1100,
+                                             end_learning_rate=0.01, power=2.0),
+                   [100, 600, 1100, 5000], [0.1, 0.0325, 0.01, 0.01], 1e-5),
+    "step decay switches at the boundary steps": (
+        ("step", 0.1), dict(warmup_steps=100, boundaries=[300, 600], decay_rate=0.1),
+        [100, 299, 300, 301, 599, 600, 10**5], [0.1, 0.1, 0.01, 0.01, 0.01, 0.001, 0.001], 1e-5),
+    "step decay without warmup": (("step", 0.5), dict(boundaries=[1, 3], decay_rate=0.5),
+                                  [0, 1, 2, 3], [0.5, 0.25, 0.25, 0.125], 1e-6),
+    "exponential, smooth": (("exponential", 0.1), dict(warmup_steps=100, total_steps=1100),
+                            [100, 600, 1100], [0.1, 0.1 * 0.1**0.5, 0.01], 1e-5),
+    "exponential, stairs": (("exponential", 0.1), dict(warmup_steps=100, decay_steps=250,
+                                                       decay_rate=0.5, staircase=True),
+                            [349, 350, 600], [0.1, 0.05, 0.025], 1e-6),
     # Half of the first cycle, then a restart at half the height (m_mul).
-    np.testing.assert_allclose(got, [0.1, 0.05, 0.05, 0.025], rtol=1e-5)
+    "cosine restarts": (("cosine_restarts", 0.1), dict(warmup_steps=100, first_decay_steps=200,
+                                                       t_mul=1.0, m_mul=0.5),
+                        [100, 200, 300, 400], [0.1, 0.05, 0.05, 0.025], 1e-5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_VALUES))
+def test_schedule_exact_values(case):
+    args, options, steps, expected, rtol = EXACT_VALUES[case]
+    np.testing.assert_allclose(values(make_schedule(*args, **options), steps), expected, rtol=rtol)
 
 
 def test_inverse_sqrt_transformer_values():
