@@ -1,7 +1,10 @@
 """`Trainer`: fit / evaluate / predict a Keras 3 model under any tf.distribute strategy.
 
-The loop (epochs, steps, callbacks, validation) lives here; what runs in one
-step lives in `tfdist.training.step`.
+The loop (epochs, steps, callbacks, validation) lives here, built from the
+pieces it shares with the parameter-server loop (`tfdist.training.loop`,
+`tfdist.training.ps_loop`); what runs in one step lives in the step kinds
+(`tfdist.training.step_kinds`, `tfdist.training.step`); the resume protocol
+that callbacks use is `tfdist.training.resume`.
 """
 
 import collections
