@@ -23,7 +23,7 @@ from tfdist.callbacks.backup import (BackupAndResume, BackupWriter, ResumeWarnin
                                      latest_backup, list_backups, read_backup)
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
 from tfdist.training import Trainer
-from tfdist.training.trainer import FIT_POSITION_ATTRIBUTE, FitPosition
+from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from helpers.workers import backup_interrupted_write as big
 from helpers.workers import backup_worker
 from helpers.workers import train_common as common

@@ -19,7 +19,7 @@ from tfdist.distribute.introspection import describe_strategy
 from tfdist.seam import set_model_initial_epoch
 
 # The attribute tfdist's Trainer publishes its FitPosition under during fit
-# (tfdist.training.trainer.FIT_POSITION_ATTRIBUTE; duck-typed so that this
+# (tfdist.training.resume.FIT_POSITION_ATTRIBUTE; duck-typed so that this
 # callback does not depend on the trainer).
 _FIT_POSITION_ATTRIBUTE = "_tfdist_fit_position"
 
