@@ -26,10 +26,7 @@ DEFAULT_BATCHES = {"transformer": 32, "cnn": 64}
 def _grid(workload, global_batch_size):
     from tfdist.autotune.tune import machine_grid
 
-    config = workload.recipe_config(global_batch_size)
-    recipe = workload.recipe_module().RECIPE
-    blocker = recipe.xla_blocker(config) if recipe.xla_blocker else None
-    return machine_grid("auto", "auto", xla_blocker=blocker)
+    return machine_grid("auto", "auto", xla_blocker=workload.xla_blocker())
 
 
 def _trial_builder(workload, global_batch_size, seed):

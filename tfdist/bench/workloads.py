@@ -1,21 +1,24 @@
 """What the benchmark trains: the recipes' models on synthetic or embedded data.
 
-A `Workload` names a recipe (`transformer` or `cnn`), the recipe's flags
-that size the model, and the data. Its data and model are built by the
-recipe's own `build_data` / `build_model`, from the recipe's own option list
-(so the defaults are the recipe's), except for synthetic token data, which
-the recipe has no flag for: random tokens in an in-memory source.
+A `Workload` names a model (`transformer` or `cnn`), its size, the data and
+the flags that shape the model and its optimizer. Its model is built by
+`tfdist.models.builders` (the builders the recipes call), its data by
+`tfdist.data` (the recipes' embedded datasets, or random tokens in an
+in-memory source) and its optimizer by `tfdist.schedules`, with the recipes'
+defaults (`OPTIMIZER_DEFAULTS`, `EMBEDDED_DATA`).
 
 Example:
 
     workload = Workload("transformer", size="small", sequence_length=128, vocab_size=8000)
     data = workload.build_data(global_batch_size=32)
     with strategy.scope():
-        built = workload.build_model(data)        # a tfdist.recipes.recipe_runner.RecipeModel
+        built = workload.build_model(data, 32)    # a tfdist.models.builders.BuiltModel
 """
 
+import argparse
 import dataclasses
-import importlib
+
+from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
 
 MODELS = ("transformer", "cnn")
 DATA_KINDS = {"transformer": ("synthetic", "embedded"), "cnn": ("embedded",)}
@@ -25,6 +28,86 @@ Transformer's reverse task, the CNN's drawn shapes)."""
 
 DEFAULT_SIZES = {"transformer": "small", "cnn": "resnet_tiny"}
 SYNTHETIC_EXAMPLES = 2048
+EMBEDDED_DATA = {"transformer": "embedded:reverse", "cnn": "shapes"}
+"""The recipes' default `--dataset` (embedded, no download)."""
+EMBEDDED_EXAMPLES = 4096
+"""The recipes' default `--num-examples` of their embedded data."""
+OPTIMIZER_DEFAULTS = {
+    "transformer": {"optimizer": "adamw", "learning_rate": 3e-3, "schedule": "cosine",
+                    "warmup_steps": 30, "weight_decay": 0.0},
+    "cnn": {"optimizer": "momentum", "learning_rate": 0.1, "schedule": "cosine",
+            "warmup_steps": 20, "weight_decay": 5e-4},
+}
+"""The recipes' optimizer defaults (tests/bench keeps them equal to the recipes')."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadData:
+    """A workload's training data.
+
+    Attributes:
+        train: the training `Source` (see `tfdist.data`).
+        description: one line naming the data.
+        tokens_per_example: tokens in one example (None for images).
+        info: what the model builder needs (vocab_size and sequence_length,
+            or num_classes and image_size).
+
+    Example:
+
+    >>> Workload("transformer", size="tiny").build_data(32).tokens_per_example
+    128
+    """
+
+    train: object
+    description: str
+    tokens_per_example: int = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def parse_model_flags(model, flags):
+    """The model and optimizer settings of a workload: the recipes' defaults
+    and the recipe flags given (`--recipe-flags`) that shape the model or its
+    optimizer.
+
+    Args:
+        model: "transformer" or "cnn".
+        flags: recipe flags, e.g. `["--dropout", "0"]`.
+
+    Raises:
+        ValueError: a flag the benchmark does not use, or a bad value (named).
+
+    Example:
+
+    >>> parse_model_flags("transformer", ["--dropout", "0"]).dropout
+    0.0
+    """
+    parser = argparse.ArgumentParser(prog=f"tfdist bench ({model}) --recipe-flags",
+                                     add_help=False, exit_on_error=False)
+    taken = [parser.add_argument("--optimizer", choices=OPTIMIZER_NAMES),
+             parser.add_argument("--learning-rate", type=float),
+             parser.add_argument("--schedule", choices=SCHEDULE_NAMES),
+             parser.add_argument("--warmup-steps", type=int),
+             parser.add_argument("--weight-decay", type=float)]
+    if model == "transformer":
+        taken += [parser.add_argument("--dropout", type=float, default=None),
+                  parser.add_argument("--gelu", choices=("exact", "tanh"), default="exact")]
+    else:
+        taken += [parser.add_argument("--label-smoothing", type=float, default=0.0),
+                  parser.add_argument("--sync-bn", nargs="?", const="true", default="false",
+                                      choices=("true", "false", "1", "0", "yes", "no", "on",
+                                               "off"))]
+    parser.set_defaults(**OPTIMIZER_DEFAULTS[model])
+    try:
+        settings, unknown = parser.parse_known_args(list(flags))
+    except argparse.ArgumentError as error:
+        raise ValueError(f"--recipe-flags: {error}.") from None
+    if unknown:
+        raise ValueError(
+            f"--recipe-flags: {' '.join(unknown)} does not shape the {model} benchmark's model or "
+            f"optimizer; it takes {', '.join(action.option_strings[0] for action in taken)}.")
+    if model == "cnn":
+        settings.sync_bn = settings.sync_bn in ("true", "1", "yes", "on")
+    return settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +157,7 @@ class Workload:
         if self.data not in DATA_KINDS[self.model]:
             raise ValueError(f"Data {self.data!r} is not available for the {self.model} "
                              f"benchmark; choose one of {', '.join(DATA_KINDS[self.model])}.")
-        allowed = self._size_choices()
+        allowed = self.size_choices()
         if self.size not in allowed:
             raise ValueError(f"Unknown {self.model} size {self.size!r}; choose one of "
                              f"{', '.join(allowed)}.")
@@ -84,21 +167,17 @@ class Workload:
                 raise ValueError(f"{name} must be an integer >= 2, got {value!r}.")
         object.__setattr__(self, "recipe_flags", tuple(str(f) for f in self.recipe_flags))
 
-    def _size_choices(self):
-        module = self.recipe_module()
-        if self.model == "transformer":
-            return module.MODEL_SIZES
-        return module.MODELS
-
-    def recipe_module(self):
-        """The recipe module (`tfdist.recipes.transformer` or `.cnn`).
+    def size_choices(self):
+        """The sizes this model comes in (the recipe's `--model-size` / `--model` choices).
 
         Example:
 
-        >>> Workload("cnn").recipe_module().__name__
-        'tfdist.recipes.cnn'
+        >>> Workload("cnn").size_choices()[:2]
+        ('resnet_tiny', 'resnet18')
         """
-        return importlib.import_module(f"tfdist.recipes.{self.model}")
+        from tfdist.models import RESNET_NAMES, TRANSFORMER_SIZES
+
+        return tuple(TRANSFORMER_SIZES) if self.model == "transformer" else RESNET_NAMES
 
     @property
     def label(self):
@@ -108,39 +187,36 @@ class Workload:
                 else "embedded shapes"}[self.data]
         return f"{self.model} {self.size} ({what})"
 
-    @property
-    def size_flag(self):
-        """The recipe flag that selects the size."""
-        return "--model-size" if self.model == "transformer" else "--model"
-
-    def recipe_config(self, global_batch_size, extra_flags=()):
-        """The recipe's config namespace for this workload (recipe defaults + size).
-
-        Args:
-            global_batch_size: examples per step over all replicas.
-            extra_flags: more recipe flags, e.g. `["--dropout", "0"]`.
+    def settings(self):
+        """The model and optimizer settings: the recipes' defaults and `recipe_flags`.
 
         Example:
 
-        >>> Workload("transformer", size="tiny").recipe_config(32).model_size
-        'tiny'
+        >>> Workload("transformer", size="tiny").settings().optimizer
+        'adamw'
         """
-        from tfdist.recipes.config import parse_config
+        return parse_model_flags(self.model, self.recipe_flags)
 
-        recipe = self.recipe_module().RECIPE
-        flags = [self.size_flag, self.size, "--global-batch-size", str(global_batch_size),
-                 "--seed", str(self.seed)]
-        if self.model == "cnn" and self.image_size:
-            flags += ["--image-size", str(self.image_size)]
-        return parse_config(flags + list(self.recipe_flags) + list(extra_flags),
-                            recipe.all_options(),
-                            prog=f"tfdist bench ({self.model})")
+    def xla_blocker(self):
+        """Why this workload's model cannot be XLA-compiled, or None.
+
+        Example:
+
+        >>> Workload("cnn", recipe_flags=("--sync-bn",)).xla_blocker()[:23]
+        'synchronised batch norm'
+        """
+        if self.model == "cnn" and self.settings().sync_bn:
+            from tfdist.models.builders import SYNC_BN_XLA_BLOCKER
+
+            return SYNC_BN_XLA_BLOCKER
+        return None
 
     def build_data(self, global_batch_size):
-        """The training data: a `tfdist.recipes.recipe_runner.RecipeData`.
+        """The training data: a `WorkloadData`.
 
         Args:
-            global_batch_size: examples per step (the recipe's config needs it).
+            global_batch_size: examples per step (kept for the callers; the
+                training data does not depend on it).
 
         Image examples are cast to the compute dtype of the Keras policy in
         force when the pipeline is built: set the precision first.
@@ -150,33 +226,53 @@ class Workload:
         >>> Workload("transformer", size="tiny").build_data(32).tokens_per_example
         128
         """
-        config = self.recipe_config(global_batch_size)
+        del global_batch_size
         if self.data == "synthetic":
             return _synthetic_tokens(self.sequence_length, self.vocab_size, self.seed)
-        return self.recipe_module().build_data(config)
+        from tfdist.data import make_source
+
+        options = {"image_size": self.image_size} if self.model == "cnn" else {}
+        train = make_source(EMBEDDED_DATA[self.model], split="train",
+                            num_examples=EMBEDDED_EXAMPLES, seed=self.seed, **options)
+        if self.model == "transformer":
+            info = {"vocab_size": train.vocab_size, "sequence_length": train.sequence_length}
+            return WorkloadData(train=train, description=train.describe(),
+                                tokens_per_example=train.sequence_length, info=info)
+        info = {"num_classes": train.num_classes, "image_size": train.image_size}
+        return WorkloadData(train=train, description=train.describe(), info=info)
 
     def build_model(self, data, global_batch_size):
-        """The recipe's model, loss and metrics (call inside the strategy scope).
+        """The model, loss and metrics the recipe builds (call inside the strategy scope).
 
         Args:
-            data: the `RecipeData` of `build_data`.
-            global_batch_size: examples per step.
+            data: the `WorkloadData` of `build_data`.
+            global_batch_size: examples per step (kept for the callers).
 
         Returns:
-            A `tfdist.recipes.recipe_runner.RecipeModel` (with `flops_per_example`).
+            A `tfdist.models.builders.BuiltModel` (with `flops_per_example`).
 
         Example:
 
         >>> with strategy.scope():
         ...     built = workload.build_model(workload.build_data(32), 32)
         """
-        return self.recipe_module().build_model(self.recipe_config(global_batch_size), data)
+        del global_batch_size
+        from tfdist.models.builders import build_image_classifier, build_language_model
+
+        settings = self.settings()
+        if self.model == "transformer":
+            return build_language_model(self.size, data.info["vocab_size"],
+                                        data.info["sequence_length"], dropout=settings.dropout,
+                                        gelu=settings.gelu)
+        return build_image_classifier(self.size, data.info["num_classes"],
+                                      data.info["image_size"], sync_bn=settings.sync_bn,
+                                      label_smoothing=settings.label_smoothing)
 
     def build_optimizer(self, global_batch_size, total_steps=1000):
         """The recipe's optimizer and schedule (call inside the strategy scope).
 
         Args:
-            global_batch_size: examples per step.
+            global_batch_size: examples per step (kept for the callers).
             total_steps: length of the learning-rate schedule (its warmup is
                 capped at half of it).
 
@@ -185,27 +281,27 @@ class Workload:
         >>> with strategy.scope():
         ...     optimizer = Workload("transformer").build_optimizer(32)  # AdamW, cosine
         """
+        del global_batch_size
         from tfdist.schedules.optimizers import build_optimizer
 
-        config = self.recipe_config(global_batch_size)
-        warmup = min(config.warmup_steps, total_steps // 2)
-        return build_optimizer(config.optimizer, config.learning_rate, schedule=config.schedule,
-                               warmup_steps=warmup, total_steps=total_steps,
-                               weight_decay=config.weight_decay)
+        settings = self.settings()
+        warmup = min(settings.warmup_steps, total_steps // 2)
+        return build_optimizer(settings.optimizer, settings.learning_rate,
+                               schedule=settings.schedule, warmup_steps=warmup,
+                               total_steps=total_steps, weight_decay=settings.weight_decay)
 
 
 def _synthetic_tokens(sequence_length, vocab_size, seed):
     import numpy as np
 
     from tfdist.data import NUM_RESERVED, ArraySource
-    from tfdist.recipes.recipe_types import RecipeData
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(NUM_RESERVED, vocab_size,
                           size=(SYNTHETIC_EXAMPLES, sequence_length + 1), dtype=np.int32)
     source = ArraySource.from_token_rows(tokens, vocab_size=vocab_size)
-    return RecipeData(
-        train=source, validation=None,
+    return WorkloadData(
+        train=source,
         description=f"synthetic tokens: {SYNTHETIC_EXAMPLES} x {sequence_length}, vocab {vocab_size}",
         tokens_per_example=sequence_length,
         info={"vocab_size": vocab_size, "sequence_length": sequence_length})

@@ -13,7 +13,7 @@ import sys
 
 from tfdist.recipes.config import Option
 from tfdist.recipes.recipe_runner import Recipe
-from tfdist.recipes.recipe_types import RecipeData, RecipeModel
+from tfdist.recipes.recipe_types import RecipeData
 
 MODELS = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -90,28 +90,12 @@ def build_data(config):
 
 
 def build_model(config, data):
-    """The ResNet for the data (inside the strategy scope), its loss and accuracy."""
-    import keras
+    """The ResNet for the data (inside the strategy scope), its loss and accuracy
+    (`tfdist.models.builders.build_image_classifier`)."""
+    from tfdist.models.builders import build_image_classifier
 
-    from tfdist.models import (build_resnet, exclude_from_weight_decay, resnet_flops_per_example,
-                               sparse_label_smoothing_loss)
-
-    synchronized = config.sync_bn
-    num_classes, image_size = data.info["num_classes"], data.info["image_size"]
-    model = build_resnet(config.model, num_classes, image_size, synchronized_bn=synchronized)
-    if config.label_smoothing:
-        loss = sparse_label_smoothing_loss(num_classes, config.label_smoothing, from_logits=True)
-    else:
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return RecipeModel(
-        model=model, loss=loss,
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        description=(f"{config.model}: {model.count_params() / 1e6:.2f} M params, "
-                     f"{'synchronised' if synchronized else 'per-replica'} batch norm"),
-        flops_per_example=resnet_flops_per_example(model, image_size),
-        # Batch-norm scales/offsets and biases are not decayed.
-        prepare_optimizer=lambda optimizer: exclude_from_weight_decay(optimizer, model),
-        xla_blocker=xla_blocker(config))
+    return build_image_classifier(config.model, data.info["num_classes"], data.info["image_size"],
+                                  sync_bn=config.sync_bn, label_smoothing=config.label_smoothing)
 
 
 def xla_blocker(config):
@@ -123,8 +107,9 @@ def xla_blocker(config):
     'synchronised batch norm all-reduces inside the model, ...'
     """
     if config.sync_bn:
-        return ("synchronised batch norm all-reduces inside the model, which an XLA-compiled "
-                "replica step cannot hold")
+        from tfdist.models.builders import SYNC_BN_XLA_BLOCKER
+
+        return SYNC_BN_XLA_BLOCKER
     return None
 
 

@@ -43,6 +43,9 @@ class RecipeData:
 class RecipeModel:
     """What a recipe's model builder returns (called inside the strategy scope).
 
+    The built-in recipes return `tfdist.models.builders.BuiltModel`, which
+    has these fields (the benchmarks build the same models from there).
+
     Attributes:
         model: a `keras.Model`.
         loss: a Keras loss.

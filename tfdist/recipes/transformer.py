@@ -13,7 +13,7 @@ import sys
 
 from tfdist.recipes.config import Option
 from tfdist.recipes.recipe_runner import Recipe
-from tfdist.recipes.recipe_types import RecipeData, RecipeModel
+from tfdist.recipes.recipe_types import RecipeData
 
 MODEL_SIZES = ("tiny", "small", "base", "large")
 
@@ -136,32 +136,13 @@ def validation_source(spec, train, config):
 
 
 def build_model(config, data):
-    """The decoder LM sized for the data, its masked loss and accuracy."""
-    from tfdist.models import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
-                               build_decoder_lm, decoder_lm_flops_per_token,
-                               decoder_lm_param_count, transformer_config)
+    """The decoder LM sized for the data, its masked loss and accuracy
+    (`tfdist.models.builders.build_language_model`)."""
+    from tfdist.models.builders import build_language_model
 
-    overrides = {"gelu": config.gelu}
-    if config.dropout is not None:
-        overrides["dropout"] = config.dropout
-    if config.model_size == "tiny" and config.dropout is None:
-        overrides["dropout"] = 0.0
-    model_config = transformer_config(config.model_size, vocab_size=data.info["vocab_size"],
-                                      max_len=data.info["sequence_length"], **overrides)
-    shards = parameter_server_count()
-    model = build_decoder_lm(model_config, embedding_shards=max(shards, 1))
-    length = data.info["sequence_length"]
-    return RecipeModel(
-        model=model,
-        loss=MaskedSparseCategoricalCrossentropy(),
-        metrics=[MaskedAccuracy(name="accuracy")],
-        description=(f"decoder LM '{config.model_size}': {model_config.num_layers} layers, "
-                     f"d={model_config.d_model}, {model_config.num_heads} heads, "
-                     f"{decoder_lm_param_count(model_config) / 1e6:.2f} M params"
-                     + (", tanh GELU" if model_config.gelu == "tanh" else "")
-                     + (f", token embedding in {shards} shards (one per ps task)"
-                        if shards > 1 else "")),
-        flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
+    return build_language_model(config.model_size, data.info["vocab_size"],
+                                data.info["sequence_length"], dropout=config.dropout,
+                                gelu=config.gelu, embedding_shards=parameter_server_count())
 
 
 def parameter_server_count():

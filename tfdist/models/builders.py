@@ -1,0 +1,141 @@
+"""The two models the recipes train and the benchmarks measure, each built
+with its loss, metrics and figures: a decoder language model and a ResNet
+image classifier.
+
+`tfdist.recipes.transformer` and `tfdist.recipes.cnn` call these with their
+flags; `tfdist.bench.workloads` calls them with a benchmark's sizes, so a
+benchmark measures the very model a recipe trains. Call inside the
+strategy scope.
+
+Example:
+
+    with strategy.scope():
+        built = build_language_model("tiny", vocab_size=64, sequence_length=32)
+    built.model, built.loss, built.metrics, built.flops_per_example
+"""
+
+import dataclasses
+from typing import Callable
+
+SYNC_BN_XLA_BLOCKER = ("synchronised batch norm all-reduces inside the model, which an "
+                       "XLA-compiled replica step cannot hold")
+"""Why a ResNet with synchronised batch norm cannot be XLA-compiled."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltModel:
+    """A model with what training it needs (the fields of a recipe's `RecipeModel`).
+
+    Attributes:
+        model: a `keras.Model`.
+        loss: a Keras loss.
+        metrics: a list of Keras metrics.
+        description: one line for the start-up block.
+        flops_per_example: model training FLOPs per example, for MFU.
+        prepare_optimizer: called with the optimizer once it is built (still
+            in the strategy scope), e.g. to exclude variables from weight
+            decay; None for nothing.
+        xla_blocker: why the replica step of this model cannot be compiled
+            with XLA, or None when it can.
+
+    Example:
+
+    >>> BuiltModel(model, "mse", [], "a test model").xla_blocker is None
+    True
+    """
+
+    model: object
+    loss: object
+    metrics: list
+    description: str
+    flops_per_example: float = None
+    prepare_optimizer: Callable = None
+    xla_blocker: str = None
+
+
+def build_language_model(model_size, vocab_size, sequence_length, *, dropout=None, gelu="exact",
+                         embedding_shards=0):
+    """The decoder LM of `model_size` for the data, its masked loss and accuracy.
+
+    Args:
+        model_size: a `TRANSFORMER_SIZES` name ("tiny", "small", "base", "large").
+        vocab_size: token ids of the data.
+        sequence_length: tokens per example.
+        dropout: the dropout rate; None for the size's (0 for "tiny").
+        gelu: "exact" (erf) or "tanh".
+        embedding_shards: ps tasks to shard the token embedding over (0 or 1: one piece).
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     built = build_language_model("tiny", vocab_size=64, sequence_length=32)
+    >>> built.description[:21]
+    "decoder LM 'tiny': 2 "
+    """
+    from tfdist.models import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
+                               build_decoder_lm, decoder_lm_flops_per_token,
+                               decoder_lm_param_count, transformer_config)
+
+    overrides = {"gelu": gelu}
+    if dropout is not None:
+        overrides["dropout"] = dropout
+    if model_size == "tiny" and dropout is None:
+        overrides["dropout"] = 0.0
+    model_config = transformer_config(model_size, vocab_size=vocab_size, max_len=sequence_length,
+                                      **overrides)
+    shards = embedding_shards
+    model = build_decoder_lm(model_config, embedding_shards=max(shards, 1))
+    length = sequence_length
+    return BuiltModel(
+        model=model,
+        loss=MaskedSparseCategoricalCrossentropy(),
+        metrics=[MaskedAccuracy(name="accuracy")],
+        description=(f"decoder LM '{model_size}': {model_config.num_layers} layers, "
+                     f"d={model_config.d_model}, {model_config.num_heads} heads, "
+                     f"{decoder_lm_param_count(model_config) / 1e6:.2f} M params"
+                     + (", tanh GELU" if model_config.gelu == "tanh" else "")
+                     + (f", token embedding in {shards} shards (one per ps task)"
+                        if shards > 1 else "")),
+        flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
+
+
+def build_image_classifier(model_name, num_classes, image_size, *, sync_bn=False,
+                           label_smoothing=0.0):
+    """The ResNet `model_name` for the data, its loss and accuracy.
+
+    Batch-norm scales/offsets and biases are excluded from weight decay
+    (`prepare_optimizer`).
+
+    Args:
+        model_name: a `RESNET_NAMES` name ("resnet_tiny", "resnet18", ...).
+        num_classes: classes of the labels.
+        image_size: the square image side in pixels.
+        sync_bn: synchronised batch norm (statistics over the global batch).
+        label_smoothing: label smoothing of the cross-entropy (0..1).
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     built = build_image_classifier("resnet_tiny", num_classes=8, image_size=32)
+    >>> built.description.endswith("per-replica batch norm")
+    True
+    """
+    import keras
+
+    from tfdist.models import (build_resnet, exclude_from_weight_decay, resnet_flops_per_example,
+                               sparse_label_smoothing_loss)
+
+    model = build_resnet(model_name, num_classes, image_size, synchronized_bn=sync_bn)
+    if label_smoothing:
+        loss = sparse_label_smoothing_loss(num_classes, label_smoothing, from_logits=True)
+    else:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return BuiltModel(
+        model=model, loss=loss,
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        description=(f"{model_name}: {model.count_params() / 1e6:.2f} M params, "
+                     f"{'synchronised' if sync_bn else 'per-replica'} batch norm"),
+        flops_per_example=resnet_flops_per_example(model, image_size),
+        # Batch-norm scales/offsets and biases are not decayed.
+        prepare_optimizer=lambda optimizer: exclude_from_weight_decay(optimizer, model),
+        xla_blocker=SYNC_BN_XLA_BLOCKER if sync_bn else None)
