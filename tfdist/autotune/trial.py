@@ -28,6 +28,8 @@ import time
 
 import keras
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 logger = logging.getLogger("tfdist")
 
 
@@ -196,8 +198,7 @@ def run_trial(candidates, build, *, seed=None, rounds=3, steps=3, warmup_steps=2
     """
     for name, value, low in (("rounds", rounds, 1), ("steps", steps, 1),
                              ("warmup_steps", warmup_steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
+        check_int_at_least(name, value, low)
     log = log or (lambda line: None)
     started = time.perf_counter()
     previous = keras.mixed_precision.dtype_policy()

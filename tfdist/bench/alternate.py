@@ -19,6 +19,7 @@ import logging
 import time
 
 from tfdist.bench import figures as fig
+from tfdist.runtime.argtypes import check_int_at_least
 
 logger = logging.getLogger("tfdist")
 
@@ -90,8 +91,7 @@ def run_rounds(contenders, rounds, steps, inputs=("pipeline",), warmup_steps=2, 
     >>> len(results["a"].times["pipeline"])
     3
     """
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}.")
+    check_int_at_least("rounds", rounds, 1)
     log = log or (lambda line: None)
     names = list(contenders)
     for name in names if warmup_steps else ():

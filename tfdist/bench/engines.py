@@ -18,6 +18,8 @@ Example:
 
 import dataclasses
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 ENGINES = ("tfdist", "keras")
 XLA_CHOICES = ("on", "off", "auto")
 INPUTS = ("pipeline", "memory")
@@ -79,7 +81,7 @@ class Contender:
         setting: a `Setting`.
         workload: a `tfdist.bench.workloads.Workload`.
         strategy: the `tf.distribute.Strategy` (made by
-            `tfdist.distribute.strategy.create_strategy`).
+            `tfdist.distribute.strategy_factory.create_strategy`).
         global_batch_size: examples per step over all replicas.
         seed: seed of the weights and the data order.
         total_steps: length of the learning-rate schedule.
@@ -190,8 +192,7 @@ class Contender:
         """
         if input not in self._datasets:
             raise ValueError(f"input must be one of {', '.join(INPUTS)}, got {input!r}.")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+        check_int_at_least("steps", steps, 1)
         from tfdist.bench.timing import StepClock
 
         clock = StepClock(warmup_steps=warmup_steps)

@@ -16,6 +16,8 @@ Example:
 import math
 import statistics
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 PERCENTILES = (50, 90, 99)
 """Step-time percentiles the report shows."""
 
@@ -83,8 +85,7 @@ def scaling_efficiency(speedup_value, replicas, baseline_replicas=1):
     """
     _check_positive("speedup", speedup_value)
     for name, value in (("replicas", replicas), ("baseline_replicas", baseline_replicas)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        check_int_at_least(name, value, 1)
     return speedup_value / (replicas / baseline_replicas)
 
 

@@ -8,6 +8,7 @@ yardstick for how much of the hardware a training step uses.
 import time
 
 from tfdist.bench.figures import flops_per_sec, matmul_flops
+from tfdist.runtime.argtypes import check_int_at_least
 
 DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16",
           "bfloat16": "bfloat16", "float16": "float16"}
@@ -67,8 +68,7 @@ def measure_matmul_peak(precision="float32", size=DEFAULT_SIZE, repeats=5, min_s
     import tensorflow as tf
 
     dtype = compute_dtype(precision)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
+    check_int_at_least("repeats", repeats, 1)
     flops_one = matmul_flops(size)
     a = tf.random.stateless_uniform((size, size), seed=(1, 2), dtype=tf.float32)
     b = tf.random.stateless_uniform((size, size), seed=(3, 4), dtype=tf.float32)

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 SCALING_MODES = ("weak", "strong")
 
 
@@ -87,8 +89,7 @@ def sweep_points(max_replicas, max_workers):
     ['r1-w1', 'r2-w1', 'r4-w1', 'r8-w1']
     """
     for name, value in (("max_replicas", max_replicas), ("max_workers", max_workers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        check_int_at_least(name, value, 1)
     points = [SweepPoint(devices, 1) for devices in sweep_counts(max_replicas)]
     points += [SweepPoint(1, workers) for workers in sweep_counts(max_workers) if workers > 1]
     return points
@@ -135,8 +136,7 @@ def global_batch_for(point, mode, batch):
     """
     if mode not in SCALING_MODES:
         raise ValueError(f"Scaling mode {mode!r} is not one of {', '.join(SCALING_MODES)}.")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an integer >= 1, got {batch!r}.")
+    check_int_at_least("batch", batch, 1)
     if mode == "weak":
         return batch * point.replicas
     if batch % point.replicas:
@@ -264,8 +264,7 @@ def run_sweep(workload, points, *, mode, batch, precision="float32", xla="auto",
     from tfdist.bench.load import LoadMonitor
     from tfdist.launch.gpus import visible_gpus
 
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}.")
+    check_int_at_least("repeats", repeats, 1)
     log = log or (lambda line: None)
     folder = os.path.join(out_dir, "points")
     os.makedirs(folder, exist_ok=True)

@@ -9,6 +9,8 @@ import time
 
 import keras
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 
 class StepClock(keras.callbacks.Callback):
     """Records the wall time of each training step after a warmup.
@@ -36,8 +38,7 @@ class StepClock(keras.callbacks.Callback):
 
     def __init__(self, warmup_steps=1, steps_per_execution=1):
         super().__init__()
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}.")
+        check_int_at_least("warmup_steps", warmup_steps, 0)
         if (isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int)
                 or steps_per_execution < 1):
             raise ValueError(

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 
 from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+from tfdist.runtime.argtypes import check_int_at_least
 
 MODELS = ("transformer", "cnn")
 DATA_KINDS = {"transformer": ("synthetic", "embedded"), "cnn": ("embedded",)}
@@ -163,8 +164,7 @@ class Workload:
                              f"{', '.join(allowed)}.")
         for name in ("sequence_length", "vocab_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise ValueError(f"{name} must be an integer >= 2, got {value!r}.")
+            check_int_at_least(name, value, 2)
         object.__setattr__(self, "recipe_flags", tuple(str(f) for f in self.recipe_flags))
 
     def size_choices(self):

@@ -31,3 +31,24 @@ def int_at_least(minimum):
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
         return value
     return parse
+
+
+def check_int_at_least(name, value, minimum):
+    """Checks a Python argument: an int (not a bool) >= `minimum`; returns it.
+
+    The function-argument twin of `int_at_least` (which parses command-line text).
+
+    Raises:
+        ValueError: naming the argument, the bound and the value.
+
+    Example:
+
+    >>> check_int_at_least("rounds", 3, 1)
+    3
+    >>> check_int_at_least("rounds", 0, 1)
+    Traceback (most recent call last):
+    ValueError: rounds must be an integer >= 1, got 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return value
