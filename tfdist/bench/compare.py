@@ -35,7 +35,7 @@ class Entrant:
     Args:
         name: a unique short name, e.g. "tfdist fp32 xla-off".
         setting: the `Setting`.
-        strategy: a `tfdist.distribute.strategy.create_strategy` name ("default",
+        strategy: a `tfdist.distribute.strategy_factory.create_strategy` name ("default",
             "one_device", "mirrored", "auto", ...).
         devices: devices for the strategy (None: its default).
         optional: when building or warming it up fails (e.g. a precision

@@ -33,7 +33,7 @@ OPTIMIZERS = OPTIMIZER_NAMES
 SCHEDULES = SCHEDULE_NAMES
 """`--schedule` values: `tfdist.schedules.names.SCHEDULE_NAMES`."""
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
-"""`--cluster-resolver` values: `tfdist.distribute.strategy.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
+"""`--cluster-resolver` values: `tfdist.distribute.names.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
 PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

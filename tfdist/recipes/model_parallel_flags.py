@@ -105,7 +105,7 @@ def prepare_model_parallel_devices(config, gpus):
         gpus: the number of GPUs this process sees.
 
     Returns:
-        The `devices` argument for `tfdist.distribute.strategy.create_strategy`.
+        The `devices` argument for `tfdist.distribute.strategy_factory.create_strategy`.
 
     Raises:
         ValueError: fewer than K GPUs visible.

@@ -211,7 +211,7 @@ def _known_fault(prog, error, where):
     name = type(error).__name__
     if os.environ.get("TFDIST_TRACEBACK"):
         raise error
-    # By name: tfdist.training.ps_loop and tfdist.distribute.strategy import TensorFlow.
+    # By name: tfdist.training.ps_loop and tfdist.distribute.strategy_factory import TensorFlow.
     if name == "ParameterServerLostError":
         return _cluster_lost(prog, error, where, "a parameter-server task was lost")
     if name == "StrategyStartupError":
