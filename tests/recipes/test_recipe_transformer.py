@@ -139,7 +139,7 @@ def test_killing_one_worker_stops_the_job_with_an_error_instead_of_hanging():
     import threading
     import time
 
-    from mw import REPO_ROOT
+    from helpers.mw import REPO_ROOT
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)
