@@ -22,11 +22,11 @@ _STRATEGY = ("tfdist.distribute.strategy_factory", "tfdist.distribute.introspect
              "tfdist.distribute.collectives")
 _RECIPE_RUNNER = ("tfdist.recipes.recipe_runner", "tfdist.recipes.recipe_types",
                   "tfdist.recipes.preflight", "tfdist.recipes.recipe_optimizer",
-                  "tfdist.recipes.auto_choices", "tfdist.recipes.report")
+                  "tfdist.recipes.auto_choices", "tfdist.recipes.run_report")
 
 OLD_PATHS = {
     "tfdist.strategy": _STRATEGY,
-    "tfdist.strategy_names": ("tfdist.distribute.names",),
+    "tfdist.strategy_names": ("tfdist.distribute.strategy_names",),
     "tfdist.device_limits": ("tfdist.distribute.device_limits",),
     "tfdist.cluster": ("tfdist.distribute.tf_config",),
     "tfdist.ps_cluster": ("tfdist.distribute.ps_cluster",),

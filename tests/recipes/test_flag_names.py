@@ -3,7 +3,7 @@
 import pytest
 
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError
-from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+from tfdist.schedules.choices import OPTIMIZER_NAMES, SCHEDULE_NAMES
 
 OPTIONS = {option.name: option for option in COMMON_OPTIONS}
 
@@ -34,7 +34,7 @@ def test_schedule_flag_offers_every_name_make_schedule_builds():
 
 
 def test_strategy_flag_accepts_exactly_the_factory_names():
-    from tfdist.distribute.names import STRATEGY_NAMES, UNSUPPORTED_STRATEGIES
+    from tfdist.distribute.strategy_names import STRATEGY_NAMES, UNSUPPORTED_STRATEGIES
 
     option = OPTIONS["strategy"]
     assert option.choices is None  # checked by the factory's own check_strategy_name

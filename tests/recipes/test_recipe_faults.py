@@ -23,7 +23,7 @@ from helpers.recipe_util import REPO_ROOT, run_recipe
 from tfdist.runtime import exit_codes
 from tfdist.recipes.record import history_entries
 from tfdist.recipes.recipe_runner import _known_fault
-from tfdist.recipes.report import error_summary, outputs_block
+from tfdist.recipes.run_report import error_summary, outputs_block
 from tfdist.runtime.run_lock import LOCK_FILE, ModelDirInUseError, acquire
 
 PROG = "python -m tfdist.recipes.transformer"
@@ -101,7 +101,7 @@ def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
 
     from tfdist.callbacks import BackupAndResume
     from tfdist.runtime.stop_signals import Preempted
-    from tfdist.recipes.report import preempted_line
+    from tfdist.recipes.run_report import preempted_line
 
     backup_dir = str(tmp_path / "m" / "backup")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

@@ -18,7 +18,7 @@ Example:
 import argparse
 import dataclasses
 
-from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+from tfdist.schedules.choices import OPTIMIZER_NAMES, SCHEDULE_NAMES
 from tfdist.runtime.argtypes import check_int_at_least
 
 MODELS = ("transformer", "cnn")

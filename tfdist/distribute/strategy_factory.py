@@ -24,7 +24,7 @@ from tfdist.distribute.tf_config import (TRAINING_TASK_TYPES, ClusterConfig,  # 
                                          parse_tf_config)
 from tfdist.distribute.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
 from tfdist.distribute.ports import check_port_free
-from tfdist.distribute.names import (ALL_REDUCE_NAMES, CLUSTER_RESOLVER_NAMES,  # noqa: F401
+from tfdist.distribute.strategy_names import (ALL_REDUCE_NAMES, CLUSTER_RESOLVER_NAMES,  # noqa: F401
                                     STRATEGY_NAMES, UNSUPPORTED_STRATEGIES,  # (re-exported)
                                     check_all_reduce_name, check_strategy_name)
 from tfdist.distribute.introspection import describe_strategy, remember_creation

@@ -23,17 +23,17 @@ from tfdist.autotune import AUTOTUNE_ENV, AUTOTUNE_MODES, CACHE_ENV, default_aut
 from tfdist.distribute.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
 from tfdist.runtime.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
-from tfdist.distribute.names import STRATEGY_NAMES, check_strategy_name
+from tfdist.distribute.strategy_names import CLUSTER_RESOLVER_NAMES, STRATEGY_NAMES, check_strategy_name
 from tfdist.runtime.tf_logging import TF_LOG_LEVELS
-from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+from tfdist.schedules.choices import OPTIMIZER_NAMES, SCHEDULE_NAMES
 from tfdist.xla import XLA_MODES
 
 OPTIMIZERS = OPTIMIZER_NAMES
-"""`--optimizer` values: `tfdist.schedules.names.OPTIMIZER_NAMES`."""
+"""`--optimizer` values: `tfdist.schedules.choices.OPTIMIZER_NAMES`."""
 SCHEDULES = SCHEDULE_NAMES
-"""`--schedule` values: `tfdist.schedules.names.SCHEDULE_NAMES`."""
-CLUSTER_RESOLVERS = ("tf_config", "slurm")
-"""`--cluster-resolver` values: `tfdist.distribute.names.CLUSTER_RESOLVER_NAMES`, here without TensorFlow."""
+"""`--schedule` values: `tfdist.schedules.choices.SCHEDULE_NAMES`."""
+CLUSTER_RESOLVERS = CLUSTER_RESOLVER_NAMES
+"""`--cluster-resolver` values: `tfdist.distribute.strategy_names.CLUSTER_RESOLVER_NAMES`."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
 PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 

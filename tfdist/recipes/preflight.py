@@ -33,7 +33,7 @@ def check_before_tensorflow(recipe, config):
 
     >>> check_before_tensorflow(RECIPE, parse_config(["--warmup-steps", "10"], ...))
     """
-    from tfdist.distribute.names import check_all_reduce_name
+    from tfdist.distribute.strategy_names import check_all_reduce_name
 
     try:
         check_all_reduce_name(config.strategy, config.all_reduce)

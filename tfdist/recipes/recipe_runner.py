@@ -34,7 +34,7 @@ from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_st
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
                                    read_record, render_record, settle_record, write_record,
                                    writer_of_backup)
-from tfdist.recipes.report import (backup_name, environment_errno,
+from tfdist.recipes.run_report import (backup_name, environment_errno,
                                    environment_line, final_block, finished_anyway_line,
                                    gpu_memory_line, interrupted_line, missing_outputs_line,
                                    newest_backup, outputs_block, preempted_line,

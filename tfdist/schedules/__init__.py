@@ -20,10 +20,10 @@ schedule, use `tfdist.callbacks.learning_rate.LearningRateScheduleCallback`.
 
 from tfdist.runtime.lazy_exports import lazy_exports
 
-# Names load on first use, so `import tfdist.schedules.names` (the
+# Names load on first use, so `import tfdist.schedules.choices` (the
 # TensorFlow-free names the recipe flags offer) stays light.
 _EXPORTS = {
-    "SCHEDULE_NAMES": "tfdist.schedules.names",
+    "SCHEDULE_NAMES": "tfdist.schedules.choices",
     "WARMUP_MODES": "tfdist.schedules.warmup",
     "ConstantLearningRate": "tfdist.schedules.constant",
     "InverseSqrtDecay": "tfdist.schedules.inverse_sqrt",

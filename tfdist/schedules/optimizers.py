@@ -7,7 +7,7 @@ strategy when they are constructed.
 import keras
 
 from tfdist.schedules import make_schedule
-from tfdist.schedules.names import OPTIMIZER_NAMES
+from tfdist.schedules.choices import OPTIMIZER_NAMES
 
 
 def _recipe_schedule_options(schedule, warmup_steps, total_steps):

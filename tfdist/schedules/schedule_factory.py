@@ -7,7 +7,7 @@ from tfdist.schedules._checks import check_float
 from tfdist.schedules._checks import check_int
 from tfdist.schedules.constant import ConstantLearningRate
 from tfdist.schedules.inverse_sqrt import InverseSqrtDecay
-from tfdist.schedules.names import SCHEDULE_NAMES
+from tfdist.schedules.choices import SCHEDULE_NAMES
 from tfdist.schedules.warmup import WARMUP_MODES
 from tfdist.schedules.warmup import WarmUp
 

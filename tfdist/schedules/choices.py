@@ -9,7 +9,7 @@ names and the factories equal.
 
 Example:
 
-    from tfdist.schedules.names import OPTIMIZER_NAMES, SCHEDULE_NAMES
+    from tfdist.schedules.choices import OPTIMIZER_NAMES, SCHEDULE_NAMES
 
     "adamw" in OPTIMIZER_NAMES   # True
 """
