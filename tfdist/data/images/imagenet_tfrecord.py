@@ -37,13 +37,9 @@ class ImageNetTFRecordSource(TFRecordReading, ImageSource):
         class_names: optional names, one per class.
         mean, std: per-channel normalisation (default ImageNet's).
         compression_type: `""`, `"GZIP"` or `"ZLIB"`.
-        skip_corrupt_records: False (default): reading a damaged file fails
-            with TensorFlow's `DataLossError`, which
-            `tfdist.data.explain_data_loss` (the recipes call it) turns into
-            an error naming the file and record. True (uncompressed files
-            only): a damaged file is read up to its last readable record,
-            the rest of it is skipped and noted in `self.skipped` (a
-            `tfdist.data.SkippedRecords` log; None when not skipping).
+        skip_corrupt_records: whether a damaged file fails the run (False,
+            the default) or is read up to its last readable record, the rest
+            noted in `self.skipped`; exactly as for `tfdist.data.TFRecordSource`.
         **image_options: other `ImageSource` options (`train_crop`,
             `crop_fraction`, `flip`, `cache_decoded` (default False),
             `augment_seed`).
