@@ -8,17 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.models import (
-    TRANSFORMER_SIZES,
-    MaskedAccuracy,
-    MaskedSparseCategoricalCrossentropy,
-    TransformerConfig,
-    build_decoder_lm,
-    decoder_lm_flops_per_token,
-    decoder_lm_matmul_params,
-    decoder_lm_param_count,
-    transformer_config,
-)
+from tfdist.models import (TRANSFORMER_SIZES, MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
+                           TransformerConfig, build_decoder_lm, decoder_lm_flops_per_token,
+                           decoder_lm_matmul_params, decoder_lm_param_count, transformer_config)
 from tfdist.distribute.strategy_factory import create_strategy
 
 BOS, SEP, EOS = 1, 2, 3
