@@ -24,7 +24,7 @@ SYNC_BN_XLA_BLOCKER = ("synchronised batch norm all-reduces inside the model, wh
 
 @dataclasses.dataclass(frozen=True)
 class BuiltModel:
-    """A model with what training it needs (the fields of a recipe's `RecipeModel`).
+    """A model with what training it needs (what a recipe's model builder returns, its `RecipeModel`).
 
     Attributes:
         model: a `keras.Model`.

@@ -8,7 +8,6 @@ Example:
 """
 
 import dataclasses
-from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,36 +38,22 @@ class RecipeData:
     info: dict = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True)
-class RecipeModel:
-    """What a recipe's model builder returns (called inside the strategy scope).
+def __getattr__(name):
+    """`RecipeModel`: what a recipe's model builder returns, loaded on first use.
 
-    The built-in recipes return `tfdist.models.builders.BuiltModel`, which
-    has these fields (the benchmarks build the same models from there).
-
-    Attributes:
-        model: a `keras.Model`.
-        loss: a Keras loss.
-        metrics: a list of Keras metrics.
-        description: one line for the start-up block.
-        flops_per_example: model training FLOPs per example, for MFU.
-        prepare_optimizer: called with the optimizer once it is built (still
-            in the strategy scope), e.g. to exclude variables from weight
-            decay; None for nothing.
-        xla_blocker: why the replica step of this model cannot be compiled
-            with XLA (e.g. a cross-replica collective inside the model), or
-            None when it can.
+    It is `tfdist.models.builders.BuiltModel` (model, loss, metrics,
+    description, flops_per_example, prepare_optimizer, xla_blocker), the one
+    definition the benchmarks build the same models with; loading it imports
+    Keras, which the recipes' flag parsing never needs.
 
     Example:
 
+    >>> from tfdist.recipes.recipe_types import RecipeModel
     >>> RecipeModel(model=model, loss="mse", metrics=[], description="a test model").xla_blocker is None
     True
     """
+    if name == "RecipeModel":
+        from tfdist.models.builders import BuiltModel  # pylint: disable=import-outside-toplevel
 
-    model: object
-    loss: object
-    metrics: list
-    description: str
-    flops_per_example: float = None
-    prepare_optimizer: Callable = None
-    xla_blocker: str = None
+        return BuiltModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
