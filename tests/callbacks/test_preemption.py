@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from helpers.recipe_util import REPO_ROOT
+from helpers.processes import finish
 from tfdist.callbacks import latest_backup
 
 PREEMPTED = 143
@@ -76,15 +77,6 @@ def wait_for_backup(process, model_dir, after=0, deadline=240):
     return newest_backup(model_dir)
 
 
-def finish(process, timeout=180):
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    return process.returncode, out
-
-
 def weights(model_dir):
     """Every array of the final epoch's weights file, by name."""
     path = sorted(glob.glob(str(model_dir / "checkpoints" / "*.weights.h5")))[-1]
@@ -132,7 +124,7 @@ def test_a_signal_at_a_random_step_backs_up_there_and_the_rerun_is_exact(uninter
     wait_for_backup(process, tmp_path)
     time.sleep(random.Random(signum).uniform(0.0, 1.5))
     process.send_signal(signum)
-    code, out = finish(process)
+    code, out = finish(process, timeout=180)
     assert code == PREEMPTED, out[-3000:]
     (stop,) = stop_lines(out)
     assert stop.group(1) == signal.Signals(signum).name
@@ -159,7 +151,7 @@ def test_sigterm_to_a_worker_or_the_launcher_stops_every_worker_at_one_step(unin
     wait_for_backup(launcher, tmp_path)
     time.sleep(random.Random(target).uniform(0.0, 1.5))
     os.kill(launcher.pid if target == "launcher" else workers_of(launcher)[1], signal.SIGTERM)
-    code, out = finish(launcher)
+    code, out = finish(launcher, timeout=180)
     assert code == PREEMPTED, out[-3000:]
     stops = stop_lines(out)
     assert len(stops) == 2, out[-3000:]

@@ -27,6 +27,7 @@ from tfdist.distribute.ports import bind_error, describe_holders
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
 from tfdist.distribute.strategy_factory import choose_strategy, resolve_cluster
 from helpers.paths import WORKERS_DIR  # noqa: E402
+from helpers.processes import finish
 
 SBATCH = os.path.join(mw.REPO_ROOT, "deploy", "slurm.sbatch")
 WORKER = os.path.join("tests", "helpers", "workers", "slurm_worker.py")
@@ -342,24 +343,19 @@ def run_sbatch(tmp_path, send_sigterm=False, fake_exit=None, term_exit=None, res
         env["SLURM_RESTART_COUNT"] = str(restart_count)
     process = subprocess.Popen(["bash", SBATCH, "--epochs", "3"], env=env, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        if send_sigterm:
-            # SLURM's --signal=B:TERM@120 signals the batch shell alone.
-            deadline = time.monotonic() + 30
-            while not (tmp_path / "task.pid").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.2)
-            process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    if send_sigterm:
+        # SLURM's --signal=B:TERM@120 signals the batch shell alone.
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "task.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+    returncode, output = finish(process, timeout=60)
     logs = {}
     for name in ("srun", "scancel", "scontrol"):
         path = tmp_path / f"{name}.log"
         logs[name] = path.read_text().splitlines() if path.exists() else []
-    return process.returncode, output, logs
+    return returncode, output, logs
 
 
 def test_sbatch_time_limit_signal_backs_up_and_requeues(tmp_path):
