@@ -155,8 +155,8 @@ def parser():
     >>> parser().parse_args(["--models", "transformer=tiny"]).models
     'transformer=tiny'
     """
+    from tfdist.bench.flags import add_round_flags
     from tfdist.runtime.argtypes import int_at_least
-    from tfdist.runtime.tf_logging import add_tf_log_level_flag
 
     positive = int_at_least(1)
     result = argparse.ArgumentParser(
@@ -169,14 +169,8 @@ def parser():
                              "tiny, small and base and the CNN resnet_tiny)")
     result.add_argument("--batch", type=positive, default=None,
                         help="global batch (default: transformer 32, base 16; cnn 64)")
-    result.add_argument("--rounds", type=positive, default=4)
-    result.add_argument("--steps", type=positive, default=3)
-    result.add_argument("--sequence-length", type=positive, default=128)
-    result.add_argument("--vocab-size", type=int_at_least(2), default=8000)
-    result.add_argument("--json-out", default=None, help="also write the reports as JSON here")
-    result.add_argument("--quick", action="store_true",
-                        help="small data, 1 round of 2 steps (for tests)")
-    add_tf_log_level_flag(result)
+    add_round_flags(result, rounds=4, steps=3, sequence_length=128, vocab_size=8000,
+                    quick="small data, 1 round of 2 steps (for tests)")
     return result
 
 

@@ -347,8 +347,8 @@ def parser():
     >>> parser().parse_args(["--quick"]).quick
     True
     """
+    from tfdist.bench.flags import add_round_flags
     from tfdist.runtime.argtypes import int_at_least
-    from tfdist.runtime.tf_logging import add_tf_log_level_flag
 
     positive = int_at_least(1)
     result = argparse.ArgumentParser(
@@ -363,15 +363,8 @@ def parser():
     result.add_argument("--batch", type=positive, default=32, help="global batch (default 32)")
     result.add_argument("--micro-batches", type=int_at_least(2), default=4,
                         help="micro-batches of the pipelined setting (default 4)")
-    result.add_argument("--steps", type=positive, default=10,
-                        help="timed steps per setting and round (default 10)")
-    result.add_argument("--rounds", type=positive, default=3, help="rounds (default 3)")
-    result.add_argument("--sequence-length", type=positive, default=64)
-    result.add_argument("--vocab-size", type=int_at_least(2), default=512)
-    result.add_argument("--json-out", default=None, help="also write the report as JSON here")
-    result.add_argument("--quick", action="store_true",
-                        help="tiny data, 1 round of 2 steps (for tests)")
-    add_tf_log_level_flag(result)
+    add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
+                    quick="tiny data, 1 round of 2 steps (for tests)")
     return result
 
 

@@ -1,0 +1,38 @@
+"""Flags the alternating-rounds benchmarks share (TensorFlow-free, for `--help`).
+
+    parser = argparse.ArgumentParser(prog="tfdist bench model-parallel")
+    add_round_flags(parser, rounds=3, steps=10, sequence_length=64, vocab_size=512,
+                    quick="tiny data, 1 round of 2 steps (for tests)")
+"""
+
+from tfdist.runtime.argtypes import int_at_least
+from tfdist.runtime.tf_logging import add_tf_log_level_flag
+
+
+def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick):
+    """Adds --rounds, --steps, --sequence-length, --vocab-size, --json-out, --quick, --tf-log-level.
+
+    Args:
+        parser: an `argparse.ArgumentParser`.
+        rounds, steps, sequence_length, vocab_size: the benchmark's defaults.
+        quick: the help of `--quick` (what the quick setting runs).
+
+    Example:
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_round_flags(parser, rounds=3, steps=10, sequence_length=64, vocab_size=512,
+    ...                 quick="tiny data")
+    >>> parser.parse_args(["--rounds", "2"]).rounds
+    2
+    """
+    positive = int_at_least(1)
+    parser.add_argument("--rounds", type=positive, default=rounds,
+                        help=f"alternating rounds (default {rounds})")
+    parser.add_argument("--steps", type=positive, default=steps,
+                        help=f"timed steps per setting and round (default {steps})")
+    parser.add_argument("--sequence-length", type=positive, default=sequence_length)
+    parser.add_argument("--vocab-size", type=int_at_least(2), default=vocab_size)
+    parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    add_tf_log_level_flag(parser)
