@@ -7,7 +7,7 @@ import warnings
 import keras
 import numpy as np
 
-from tfdist.callbacks.loss_health import HEALTH_ATTRIBUTE, LossHealth
+from tfdist.callbacks.loss_health import HEALTH_ATTRIBUTE, LossHealth, LossStopError
 
 DEFAULT_WARMUP = 20  # training steps before the rule judges anything
 DEFAULT_CAUSES = (
@@ -16,7 +16,7 @@ DEFAULT_CAUSES = (
     "resume from the last good backup.")
 
 
-class DivergenceError(RuntimeError):
+class DivergenceError(LossStopError):
     """Training diverged: the loss rose far above its recent level (or is NaN/Inf).
 
     Attributes:
@@ -35,22 +35,8 @@ class DivergenceError(RuntimeError):
         iterations: `model.optimizer.iterations` when it fired, or None.
     """
 
-    def __init__(self, message, name=None, value=None, level=None, factor=None, rule=None,
-                 epoch=None, batch=None, step=None, iterations=None):
-        super().__init__(message)
-        self.name = name
-        self.value = value
-        self.level = level
-        self.factor = factor
-        self.rule = rule
-        self.epoch = epoch
-        self.batch = batch
-        self.step = step
-        self.iterations = iterations
-
-    def __reduce__(self):
-        return (type(self), (self.args[0], self.name, self.value, self.level, self.factor,
-                             self.rule, self.epoch, self.batch, self.step, self.iterations))
+    FIELDS = ("name", "value", "level", "factor", "rule", "epoch", "batch", "step",
+              "iterations")
 
 
 class DivergenceGuard(keras.callbacks.Callback):

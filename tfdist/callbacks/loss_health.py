@@ -242,3 +242,39 @@ def notify_stop(model):
     """
     health = loss_health(model)
     return health.notify_stop() if health is not None else ""
+
+
+class LossStopError(RuntimeError):
+    """Base of the errors that stop training over the loss: a message and named fields.
+
+    A subclass lists its fields in `FIELDS`; each is an attribute (None when
+    not given), and the error pickles with them (it crosses process
+    boundaries in multi-worker runs and test harnesses).
+
+    Example:
+
+    >>> class MyStop(LossStopError):
+    ...     FIELDS = ("name", "value")
+    >>> MyStop("loss too high", name="loss", value=9.5).value
+    9.5
+    """
+
+    FIELDS = ()
+
+    def __init__(self, message, **fields):
+        unknown = sorted(set(fields) - set(self.FIELDS))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {unknown[0]!r}; "
+                            f"its fields: {', '.join(self.FIELDS)}")
+        super().__init__(message)
+        for field in self.FIELDS:
+            setattr(self, field, fields.get(field))
+
+    def __reduce__(self):
+        return (_rebuild_loss_stop, (type(self), self.args[0],
+                                     {field: getattr(self, field) for field in self.FIELDS}))
+
+
+def _rebuild_loss_stop(error_type, message, fields):
+    return error_type(message, **fields)
+

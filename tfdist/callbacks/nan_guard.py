@@ -5,10 +5,10 @@ import warnings
 import keras
 import numpy as np
 
-from tfdist.callbacks.loss_health import notify_stop
+from tfdist.callbacks.loss_health import LossStopError, notify_stop
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(LossStopError):
     """Training hit a NaN or Inf loss (or monitored metric).
 
     Attributes:
@@ -23,19 +23,7 @@ class NonFiniteLossError(RuntimeError):
             optimizer steps across resumed runs), or None.
     """
 
-    def __init__(self, message, name=None, value=None, epoch=None, batch=None, step=None,
-                 iterations=None):
-        super().__init__(message)
-        self.name = name
-        self.value = value
-        self.epoch = epoch
-        self.batch = batch
-        self.step = step
-        self.iterations = iterations
-
-    def __reduce__(self):
-        return (type(self), (self.args[0], self.name, self.value, self.epoch, self.batch,
-                             self.step, self.iterations))
+    FIELDS = ("name", "value", "epoch", "batch", "step", "iterations")
 
 
 class NanGuard(keras.callbacks.Callback):
