@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from tfdist.callbacks.loss_health import HEALTH_ATTRIBUTE, LossHealth, LossStopError
+from tfdist.runtime.argtypes import check_int_at_least
 
 DEFAULT_WARMUP = 20  # training steps before the rule judges anything
 DEFAULT_CAUSES = (
@@ -141,9 +142,7 @@ class DivergenceGuard(keras.callbacks.Callback):
                 f"its recent level), or 0 or None to turn the guard off; got {factor!r}.")
         for name, value, minimum in (("window", window, 1), ("warmup", warmup, 0),
                                      ("patience", patience, 1), ("check_freq", check_freq, 1)):
-            if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-                    and value >= minimum):
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+            check_int_at_least(name, value, minimum)
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"monitor must be a log name such as 'loss', got {monitor!r}.")
         if hint is not None and not isinstance(hint, str):

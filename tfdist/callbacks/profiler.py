@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.callbacks.chief import is_chief, model_strategy
+from tfdist.runtime.argtypes import check_int_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ class ProfilerWindow(keras.callbacks.Callback):
         if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
             raise ValueError(f"log_dir must be a non-empty path, got {log_dir!r}.")
         for name, value in (("start_step", start_step), ("stop_step", stop_step)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+            check_int_at_least(name, value, 0)
         if stop_step <= start_step:
             raise ValueError(
                 f"stop_step must be greater than start_step (steps range(start_step, "

@@ -25,6 +25,7 @@ import numbers
 
 import keras
 from keras import ops
+from tfdist.runtime.argtypes import check_int_at_least
 
 
 def is_weight_decayed(variable):
@@ -172,9 +173,7 @@ class SparseLabelSmoothingCrossentropy(keras.losses.Loss):
     def __init__(self, num_classes, label_smoothing=0.1, from_logits=True,
                  reduction="sum_over_batch_size",
                  name="sparse_label_smoothing_crossentropy", dtype=None):
-        if (not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool)
-                or num_classes < 2):
-            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
+        check_int_at_least("num_classes", num_classes, 2)
         if (not isinstance(label_smoothing, numbers.Real)
                 or isinstance(label_smoothing, bool) or not 0.0 <= label_smoothing < 1.0):
             raise ValueError(f"label_smoothing must be a number in [0, 1), got "

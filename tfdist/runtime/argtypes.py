@@ -6,6 +6,7 @@ Example:
 """
 
 import argparse
+import numbers
 
 
 def int_at_least(minimum):
@@ -34,7 +35,7 @@ def int_at_least(minimum):
 
 
 def check_int_at_least(name, value, minimum):
-    """Checks a Python argument: an int (not a bool) >= `minimum`; returns it.
+    """Checks a Python argument: an integer (a Python or NumPy int, not a bool) >= `minimum`; returns it.
 
     The function-argument twin of `int_at_least` (which parses command-line text).
 
@@ -49,6 +50,6 @@ def check_int_at_least(name, value, minimum):
     Traceback (most recent call last):
     ValueError: rounds must be an integer >= 1, got 0.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return value

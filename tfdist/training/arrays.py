@@ -34,6 +34,7 @@ import tensorflow as tf
 from tfdist.seam import (keras_array_adapter, keras_can_convert_arrays, keras_packed_arrays,
                          keras_python_input_dataset, keras_sliceable, keras_sparse_rows,
                          keras_train_validation_split)
+from tfdist.runtime.argtypes import check_int_at_least
 
 SHUFFLE_CHOICES = (False, True, "batch")
 """The values of `shuffle`: input order, a new permutation of all rows at every
@@ -300,9 +301,7 @@ def python_input_dataset(x, *, shuffle=False, class_weight=None):
 
 
 def _check_batch_size(batch_size):
-    if (isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, numbers.Integral)
-            or batch_size < 1):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    check_int_at_least("batch_size", batch_size, 1)
 
 
 def _check_shuffle(shuffle):

@@ -10,7 +10,6 @@ that callbacks use is `tfdist.training.resume`.
 import collections
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist.seam import (join_predicted_batches, metrics_in_keras_order, model_compile_config,
@@ -34,6 +33,7 @@ from tfdist.training.model_parallel.stages import plan_stages, split_model
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
+from tfdist.runtime.argtypes import check_int_at_least
 
 
 class Trainer:
@@ -717,10 +717,7 @@ def _refuse_array_arguments(method, **given):
 
 
 def _check_positive_int(name, value, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (
-            0 if allow_zero else 1):
-        raise ValueError(
-            f"{name} must be an integer >= {0 if allow_zero else 1}, got {value!r}.")
+    check_int_at_least(name, value, 0 if allow_zero else 1)
 
 
 def _check_model_in_scope(model, strategy):

@@ -67,7 +67,6 @@ Example:
 """
 
 import contextlib
-import numbers
 import warnings
 
 import tensorflow as tf
@@ -80,6 +79,7 @@ from tfdist.training.model_parallel.placement import outside_strategy_scopes, up
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
 from tfdist.training.step import compile_step_functions, run_steps
 from tfdist.training.step_kinds import FitLoopSteps, LossStatsLayout
+from tfdist.runtime.argtypes import check_int_at_least
 
 MICRO_BATCHES_PER_STAGE = 2
 """Default micro-batches per step: `2 * model_parallel` (see `default_micro_batches`)."""
@@ -122,9 +122,8 @@ def check_model_parallel_arguments(model_parallel, micro_batches, stage_boundari
     (2, 4, None)
     """
     for name, value in (("model_parallel", model_parallel), ("micro_batches", micro_batches)):
-        if value is not None and (isinstance(value, bool)
-                                  or not isinstance(value, numbers.Integral) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if value is not None:
+            check_int_at_least(name, value, 1)
     if model_parallel == 1:
         if micro_batches is not None:
             raise ValueError(
