@@ -239,6 +239,17 @@ def _end_run(where, code, outcome):
         return
     try:
         history.finish(outcome, code)
+    except OSError as error:  # the fault being reported may be this very disk
+        logger.warning("Could not complete the run record in %s: %s", where["model_dir"], error)
+        return
+    _settle_record(where)
+
+
+def _settle_record(where):
+    """Makes config.yaml the record of the run that wrote the newest backup (also
+    called by the chief right after a guard deleted this run's suspect backups,
+    before any worker exits and gets the job stopped)."""
+    try:
         newest = newest_backup(where.get("backup_dir"))
         if newest is not None:
             settle_record(where["model_dir"], newest.path)
@@ -438,7 +449,8 @@ def _train(recipe, config, where):
     backup = None
     if backup_dir:
         backup = BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
-                                 max_to_keep=config.backup_keep, strategy=strategy)
+                                 max_to_keep=config.backup_keep, strategy=strategy,
+                                 on_discard=lambda: _settle_record(where))
         callbacks.append(backup)
         if "history" in where:
             callbacks.append(_backup_recorder(keras, backup, where))

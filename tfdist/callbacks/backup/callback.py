@@ -144,6 +144,12 @@ class BackupAndResume(keras.callbacks.Callback):
             2 also prints every backup.
         strategy: the `tf.distribute.Strategy` that decides who is chief,
             or None for the model's.
+        on_discard: a function called (with no arguments) on the chief
+            after a guard stopped training and the suspect backups were
+            deleted, before the workers agree on it: a program settles
+            there whatever it keeps about the newest backup (the recipes'
+            `config.yaml`), while no worker has exited yet to get the job
+            stopped. None for nothing.
 
     Example:
 
@@ -157,7 +163,7 @@ class BackupAndResume(keras.callbacks.Callback):
     """
 
     def __init__(self, backup_dir, save_freq="epoch", max_to_keep=2, delete_checkpoint=False,
-                 verbose=1, strategy=None):
+                 verbose=1, strategy=None, on_discard=None):
         super().__init__()
         if not isinstance(backup_dir, (str, os.PathLike)) or not os.fspath(backup_dir):
             raise ValueError(f"backup_dir must be a non-empty path, got {backup_dir!r}.")
@@ -180,6 +186,7 @@ class BackupAndResume(keras.callbacks.Callback):
         self.delete_checkpoint = delete_checkpoint
         self.verbose = verbose
         self.strategy = strategy
+        self.on_discard = on_discard
         self.restored = None
         self.last_backup = None
         self.good_backup = None
@@ -383,6 +390,8 @@ class BackupAndResume(keras.callbacks.Callback):
                 self.discarded = self._writer.discard(suspects)
             except (OSError, tf.errors.OpError) as error:
                 failed = error
+            if failed is None and self.on_discard is not None:
+                self.on_discard()
         # Multi-worker: no worker exits (and gets the job stopped) before the chief
         # has deleted the suspects; every worker made the same decision.
         self._agree("backups kept after the guard stopped training",
