@@ -261,7 +261,15 @@ class LossStopError(RuntimeError):
 
     FIELDS = ()
 
-    def __init__(self, message, **fields):
+    def __init__(self, message, *values, **fields):
+        # Positional values fill FIELDS in order, as the errors' old signatures did.
+        if len(values) > len(self.FIELDS):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self.FIELDS)} field "
+                            f"values after the message, got {len(values)}")
+        twice = sorted(set(self.FIELDS[:len(values)]) & set(fields))
+        if twice:
+            raise TypeError(f"{type(self).__name__} got field {twice[0]!r} twice")
+        fields = {**dict(zip(self.FIELDS, values)), **fields}
         unknown = sorted(set(fields) - set(self.FIELDS))
         if unknown:
             raise TypeError(f"{type(self).__name__} has no field {unknown[0]!r}; "
