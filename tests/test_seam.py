@@ -157,7 +157,11 @@ PINS = {
     "set_variable_storage": [("keras.src.backend.common.variables", "Variable", "self._value")],
     "ProgbarLoggerHooks": [("keras.src.callbacks.progbar_logger", "ProgbarLogger._update_progbar"),
                            ("keras.src.callbacks.progbar_logger",
-                            "ProgbarLogger._finalize_progbar")],
+                            "ProgbarLogger._finalize_progbar"),
+                           ("keras.src.callbacks.progbar_logger", "ProgbarLogger._update_progbar",
+                            "self._maybe_init_progbar()"),
+                           ("keras.src.utils.progbar", "Progbar.update",
+                            "self._estimate_step_duration(current, now)")],
 }
 
 PIN_CASES = [(name, pin) for name, pins in PINS.items() for pin in pins]
@@ -402,6 +406,22 @@ def test_array_seams_pack_and_split_as_keras_does():
     assert next(iter(dataset))[0].shape == (2, 2)
     spec = tf.TensorSpec([None, 4])
     assert seam.per_replica_value_spec(spec) is spec
+
+
+def test_progbar_hooks_time_a_resumed_epoch_from_its_first_batch(capsys):
+    import time
+
+    logger = seam.ProgbarLoggerHooks()
+    logger.set_params({"verbose": 2, "epochs": 1, "steps": 400})
+    logger.on_epoch_begin(0)
+    for batch in range(395, 400):  # an epoch resumed at batch 395: 5 steps of >= 20 ms
+        logger.on_train_batch_begin(batch)
+        time.sleep(0.02)
+        logger.on_train_batch_end(batch, {"loss": 1.0})
+    logger.on_epoch_end(0, {"loss": 1.0})
+    rate = re.search(r"^400/400 - \d+s - (\d+)ms/step - loss: 1\.0000$", capsys.readouterr().out,
+                     flags=re.MULTILINE)
+    assert rate and int(rate.group(1)) >= 18  # not the elapsed time / 400 (~0 ms)
 
 
 def test_model_seams_on_a_fitted_functional_model(capsys):
