@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers.interrupt import GlobalStepCounter, Interrupted, InterruptAfterSteps
+from helpers.interrupt import (GlobalStepCounter, Interrupted, InterruptAfterSteps,
+                               InterruptAtEpochStart)
 from helpers.mw import launch
 from helpers.recorders import BatchRecorder
 from tfdist.callbacks.backup import (BackupAndResume, BackupWriter, ResumeWarning,
                                      latest_backup, list_backups, read_backup)
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
 from tfdist.training import Trainer
-from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
+from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition, replay_note
 from helpers.workers import backup_interrupted_write as big
 from helpers.workers import backup_worker
 from helpers.workers import train_common as common
@@ -401,6 +402,55 @@ def test_fit_position_resume_at_checks_its_arguments():
         position.resume_at(0, 0, 0, -1)
     position.resume_at(2, 3, 13, 1)
     assert position.requested == (2, 3, 13, 1)
+
+
+def test_fit_position_says_when_it_replays_the_consumed_batches():
+    position = FitPosition(steps_per_epoch=500)
+    assert position.data_position_note() == ""  # nothing requested
+    position.resume_at(0, 402, 402)
+    assert position.data_position_note() == replay_note(402) == (
+        "; replaying the 402 batches already consumed from the input pipeline to reach the "
+        "data position (a dataset that can only be replayed)")
+    assert "replaying the 1 batch already consumed" in replay_note(1)
+    assert replay_note(0) == ""
+    at_epoch_start = FitPosition(steps_per_epoch=None)
+    at_epoch_start.resume_at(2, 0, 0, 2)
+    assert at_epoch_start.data_position_note() == ""
+    no_replay = FitPosition(steps_per_epoch=500, replays_consumed_batches=False)
+    no_replay.resume_at(0, 402, 402)  # the parameter-server loop's workers start anew
+    assert no_replay.data_position_note() == ""
+
+
+def test_the_resume_line_names_the_batches_the_trainer_replays(tmp_path, capsys):
+    backup_dir = tmp_path / "backup"
+    first = BackupAndResume(backup_dir, save_freq=3, verbose=0)
+    with pytest.raises(Interrupted):
+        train(tf.distribute.get_strategy(), [first, InterruptAfterSteps(8)], repeat=True,
+              steps_per_epoch=5)
+    saved = first.last_backup  # epoch 1 step 1, after 6 batches of the one (continued) iterator
+    assert (saved.epoch, saved.step, saved.iterator_batches) == (1, 1, 6)
+    capsys.readouterr()
+    train(tf.distribute.get_strategy(), [BackupAndResume(backup_dir, verbose=1)], repeat=True,
+          steps_per_epoch=5)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "resuming from" in line]
+    assert lines == [
+        f"BackupAndResume: resuming from {saved.path} at epoch 1 step 1 (global step 6, "
+        "optimizer iteration 6); replaying the 6 batches already consumed from the input "
+        "pipeline to reach the data position (a dataset that can only be replayed)"]
+
+
+def test_the_resume_line_at_an_epoch_start_with_nothing_to_replay_says_nothing_more(
+        tmp_path, capsys):
+    backup_dir = tmp_path / "backup"
+    first = BackupAndResume(backup_dir, verbose=0)
+    with pytest.raises(Interrupted):
+        train(tf.distribute.get_strategy(), [first, InterruptAtEpochStart(1)])
+    saved = first.last_backup  # the end of epoch 0: a new pass over the data follows
+    capsys.readouterr()
+    train(tf.distribute.get_strategy(), [BackupAndResume(backup_dir, verbose=1)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "resuming from" in line]
+    assert lines == [f"BackupAndResume: resuming from {saved.path} at epoch 1 step 0 "
+                     "(global step 9, optimizer iteration 9)"]
 
 
 def test_trainer_publishes_its_position_only_during_fit():

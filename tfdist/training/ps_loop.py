@@ -344,7 +344,7 @@ class ParameterServerFit:
                                            epochs=epochs, steps=steps_per_epoch,
                                            add_history=True)
         model.stop_training = False
-        position = FitPosition(steps_per_epoch)
+        position = FitPosition(steps_per_epoch, replays_consumed_batches=False)
         setattr(model, FIT_POSITION_ATTRIBUTE, position)
         try:
             logs = self._epochs(worker_steps, iterator, evaluation, epochs, steps_per_epoch,

@@ -74,6 +74,10 @@ class FitPosition:
         update_boundary: a function returning True when no gradient
             accumulation is in progress, or None when there is no
             accumulation.
+        replays_consumed_batches: whether `fit` reaches a requested data
+            position by drawing and discarding the consumed batches
+            (`Trainer`: True; the parameter-server loop, whose workers start
+            their datasets anew, False).
 
     Attributes:
         epoch: the current epoch index.
@@ -87,6 +91,7 @@ class FitPosition:
         iterator_continues: whether the next epoch continues the current
             iterator (`steps_per_epoch` set and the data not exhausted).
         requested: the `ResumePoint` asked for with `resume_at`, or None.
+        replays_consumed_batches: as the argument.
 
     Example:
 
@@ -98,7 +103,8 @@ class FitPosition:
     ResumePoint(epoch=0, step=3, iterator_batches=3, iterator_index=0)
     """
 
-    def __init__(self, steps_per_epoch, grad_accum_steps=1, update_boundary=None):
+    def __init__(self, steps_per_epoch, grad_accum_steps=1, update_boundary=None,
+                 replays_consumed_batches=True):
         self.steps_per_epoch = steps_per_epoch
         self.grad_accum_steps = grad_accum_steps
         self.epoch = 0
@@ -108,6 +114,7 @@ class FitPosition:
         self.epoch_finished = False
         self.iterator_continues = False
         self.requested = None
+        self.replays_consumed_batches = replays_consumed_batches
         self._update_boundary = update_boundary
         self._started = False
 
@@ -206,3 +213,38 @@ class FitPosition:
                 "(iterator_batches == step).")
         self.requested = ResumePoint(int(epoch), int(step), int(iterator_batches),
                                      int(iterator_index))
+
+    def data_position_note(self):
+        """How `fit` will reach the requested data position, as words a resume
+        message can add (see `replay_note`); empty when nothing is replayed
+        (no request, no batch consumed, or a loop that does not replay).
+
+        Example:
+
+        >>> position.resume_at(epoch=0, step=402, iterator_batches=402)
+        >>> position.data_position_note()
+        '; replaying the 402 batches already consumed ... (a dataset that can only be replayed)'
+        """
+        if self.requested is None or not self.replays_consumed_batches:
+            return ""
+        return replay_note(self.requested.iterator_batches)
+
+
+def replay_note(batches):
+    """The words a resume message adds when `fit` reaches the data position by
+    replaying: drawing the `batches` batches already consumed through the whole
+    input pipeline and discarding them (empty for 0 batches). The one place
+    this wording lives; a faster way of reaching the position says its own.
+
+    Example:
+
+    >>> replay_note(402)
+    '; replaying the 402 batches already consumed from the input pipeline to reach the ...'
+    >>> replay_note(0)
+    ''
+    """
+    if not batches:
+        return ""
+    noun = "batch" if batches == 1 else "batches"
+    return (f"; replaying the {batches} {noun} already consumed from the input pipeline to "
+            "reach the data position (a dataset that can only be replayed)")

@@ -140,7 +140,9 @@ class BackupAndResume(keras.callbacks.Callback):
             (all epochs run or stopped by a callback, finite loss). Default
             False: the final backup makes a relaunch of a finished job a
             no-op.
-        verbose: 0 silent; 1 prints (chief only) where training resumes;
+        verbose: 0 silent; 1 prints (chief only) where training resumes
+            (and, when `Trainer` reaches the data position by replaying
+            the batches already consumed, how many it replays);
             2 also prints every backup.
         strategy: the `tf.distribute.Strategy` that decides who is chief,
             or None for the model's.
@@ -292,7 +294,9 @@ class BackupAndResume(keras.callbacks.Callback):
         self._print(1, f"BackupAndResume: resuming from {info.path} at epoch {info.epoch} "
                        f"step {info.step} (global step {info.global_step}, optimizer "
                        f"iteration {info.iterations})"
-                    + ("" if self.exact else "; the partial epoch is redone"))
+                    + ("" if self.exact else "; the partial epoch is redone")
+                    + ("" if self._fit_position is None
+                       else self._fit_position.data_position_note()))
 
     def _restore(self, committed):
         """Restores the model and optimizer from the best usable backup."""
