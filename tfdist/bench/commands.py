@@ -17,6 +17,7 @@ import logging
 import sys
 
 from tfdist.runtime.argtypes import int_at_least
+from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.bench.report import write_json
 from tfdist.bench.workloads import MODELS
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
@@ -286,6 +287,7 @@ def main(argv=None):
     0
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    skip_exit_garbage_collection()  # each point process exits right after its result
     logging.getLogger("tfdist").setLevel(logging.WARNING)
     # Contenders of one process each trace their own step: TensorFlow's
     # "excessive retracing" warning about that is noise here.

@@ -25,6 +25,7 @@ from typing import Callable
 
 from tfdist.runtime import exit_codes
 from tfdist.runtime.gpu_memory import gpu_memory_notice, parse_gpu_memory
+from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settle_auto_choices
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
@@ -166,6 +167,7 @@ def run_recipe(recipe, argv=None):
         config.verbose = 1 if sys.stdout.isatty() else 2
     _configure_logging(config.verbose)
     where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir}
+    skip_exit_garbage_collection()  # exit right after the last line, not seconds later
     try:
         if config.print_config:
             return _print_config(recipe, config)
