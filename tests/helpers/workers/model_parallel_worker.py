@@ -54,4 +54,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from tfdist.runtime.quick_exit import skip_exit_garbage_collection
+
+    skip_exit_garbage_collection()  # the test waits for this process to end
     main()
