@@ -14,6 +14,7 @@ import pytest
 from helpers.recipe_util import run_recipe
 from tfdist.recipes import cnn, transformer
 from tfdist.recipes.config import PACKAGED_CONFIGS, ConfigError, parse_config
+from tfdist.schedules.choices import MIN_STEPS_AFTER_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN
 
 RECIPES = (transformer.RECIPE, cnn.RECIPE)
 SHIPPED = sorted(os.path.basename(path)[:-len(".yaml")]
@@ -34,8 +35,6 @@ CPU_SIZED = {
     "cnn_cifar10_resnet18": ["--global-batch-size", "32"],
     "imagenet_resnet50": ["--global-batch-size", "8", "--image-size", "64", "--num-examples", "64"],
 }
-# tfdist.schedules' step and cosine_restarts schedules need 4 optimizer steps after the warmup.
-SCHEDULES_NEEDING_4_DECAY_STEPS = ("step", "cosine_restarts")
 
 
 def shipped_config(name):
@@ -83,7 +82,8 @@ def test_print_config_as_shipped_exits_0(name, capsys, restored_tfdist_logging):
 
 def short_run_flags(name, recipe, config):
     """The flags that make a shipped config's run a few steps long (and CPU-sized), nothing else."""
-    post_warmup = 4 if config.schedule in SCHEDULES_NEEDING_4_DECAY_STEPS else 1
+    post_warmup = (MIN_STEPS_AFTER_WARMUP if config.schedule in SCHEDULES_SHAPED_BY_THE_RUN
+                   else 1)
     warmup = 0 if post_warmup > 1 else 1
     steps = warmup + post_warmup
     flags = ["--epochs", "1", "--steps-per-epoch", str(steps), "--validation-steps", "1",

@@ -27,3 +27,12 @@ SCHEDULE_NAMES = (
     "inverse_sqrt",
 )
 """Names `make_schedule` accepts (case-insensitive, "-" or "_")."""
+
+SCHEDULES_SHAPED_BY_THE_RUN = ("step", "cosine_restarts")
+"""Schedules whose boundaries `build_optimizer` places from the run's length:
+`step` decays at 50% and 75% of the steps after the warmup, `cosine_restarts`
+restarts after a quarter of them."""
+
+MIN_STEPS_AFTER_WARMUP = 4
+"""Optimizer steps after the warmup that a `SCHEDULES_SHAPED_BY_THE_RUN`
+schedule needs (`build_optimizer` refuses a shorter run)."""

@@ -7,19 +7,21 @@ strategy when they are constructed.
 import keras
 
 from tfdist.schedules import make_schedule
-from tfdist.schedules.choices import OPTIMIZER_NAMES
+from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, OPTIMIZER_NAMES,
+                                      SCHEDULES_SHAPED_BY_THE_RUN)
 
 
 def _recipe_schedule_options(schedule, warmup_steps, total_steps):
     """Defaults for the schedules that need more than a length: step decay
     divides the rate by 10 at 50% and 75% of the post-warmup steps (the
     classic ResNet shape); SGDR restarts after a quarter of them."""
-    if total_steps is None or schedule not in ("step", "cosine_restarts"):
+    if total_steps is None or schedule not in SCHEDULES_SHAPED_BY_THE_RUN:
         return {}
     decay = total_steps - warmup_steps
-    if decay < 4:
+    if decay < MIN_STEPS_AFTER_WARMUP:
         raise ValueError(
-            f"Schedule {schedule!r} needs at least 4 optimizer steps after the {warmup_steps} warmup "
+            f"Schedule {schedule!r} needs at least {MIN_STEPS_AFTER_WARMUP} optimizer steps after "
+            f"the {warmup_steps} warmup "
             f"steps, but the run has {total_steps} in all; lower --warmup-steps or train longer.")
     if schedule == "step":
         return {"boundaries": sorted({warmup_steps + decay // 2, warmup_steps + (3 * decay) // 4})}
