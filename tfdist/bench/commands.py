@@ -17,9 +17,9 @@ import logging
 import sys
 
 from tfdist.runtime.argtypes import int_at_least
-from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.bench.report import write_json
 from tfdist.bench.workloads import MODELS
+from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 
 SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune")

@@ -27,10 +27,6 @@ _lock = threading.Lock()
 _installed = False
 
 
-def _freeze_for_exit():
-    gc.freeze()
-
-
 def skip_exit_garbage_collection():
     """Makes the interpreter's exit skip its full garbage-collection passes.
 
@@ -59,6 +55,6 @@ def skip_exit_garbage_collection():
     with _lock:
         if _installed:
             return False
-        atexit.register(_freeze_for_exit)
+        atexit.register(gc.freeze)
         _installed = True
         return True
