@@ -6,6 +6,8 @@ and the page says in a sentence why (tests/docs/test_code_blocks.py checks
 that). The plugin's own `--markdown-docs` switch is not used: it would also
 import every .py file under tests/ (worker scripts included) to search their
 docstrings, which changes what tests/ collects.
+
+It also sets how many pytest-xdist workers `-n auto` (setup.cfg) starts.
 """
 
 import os
@@ -23,6 +25,18 @@ def is_documentation(path):
     """Whether `path` is README.md or a page under docs/ (the files whose blocks run)."""
     path = pathlib.Path(path)
     return path.suffix == ".md" and (path == ROOT / "README.md" or DOCS in path.parents)
+
+
+MAX_TEST_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (setup.cfg): one pytest-xdist worker per usable core, at most
+    MAX_TEST_WORKERS. Each worker's tests start TensorFlow processes of their
+    own (recipes, localhost clusters), so more workers than that would only
+    share the same memory bandwidth and stretch the tests' deadlines."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_TEST_WORKERS, usable or 1))
 
 
 def pytest_collect_file(file_path, parent):
