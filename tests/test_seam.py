@@ -129,6 +129,9 @@ PINS = {
         ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "self._trainable_variables")],
     "held_learning_rate": [
         ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "self._learning_rate")],
+    "held_learning_rate_replaced": [
+        ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "self._learning_rate"),
+        ("keras.src.optimizers.base_optimizer", "BaseOptimizer._get_current_learning_rate")],
     "join_predicted_batches": [
         ("keras.src.backend.tensorflow.trainer", "potentially_ragged_concat"),
         ("keras.src.backend.tensorflow.trainer", "convert_to_np_if_not_ragged")],
@@ -494,6 +497,11 @@ def test_optimizer_state_seams():
     assert int(seam.optimizer_iterations_variable(optimizer).numpy()) == 0
     assert list(seam.optimizer_trainable_variables(optimizer)) == [variable]
     assert isinstance(seam.held_learning_rate(optimizer), keras.Variable)
+    held = seam.held_learning_rate(optimizer)
+    with seam.held_learning_rate_replaced(optimizer, lambda: 0.25):
+        assert float(optimizer.learning_rate) == 0.25  # Keras reads the replacement
+    assert seam.held_learning_rate(optimizer) is held
+    assert float(optimizer.learning_rate) == pytest.approx(0.1)
     decayed = []
     seam.override_weight_decay_method(optimizer, decayed.append)
     seam.optimizer_weight_decay_method(optimizer)([variable])

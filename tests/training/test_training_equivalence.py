@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdist import seam
+from tfdist.schedules import WarmUp
 from tfdist.training import Trainer
 from helpers.compare import assert_same_training
 from helpers.workers import train_common as common
@@ -47,6 +49,46 @@ def test_adamw_with_moving_average_matches_one_device():
     averages = two[2].optimizer._model_variables_moving_average
     for weight, average in zip(two[0], averages, strict=True):  # fit() ends with the averages
         np.testing.assert_array_equal(weight, average.numpy())
+
+
+class CountedWarmUp(WarmUp):
+    """tfdist's warmup schedule, counting the calls that put it in a graph."""
+
+    traced = 0
+
+    def __call__(self, step):
+        if not tf.executing_eagerly():
+            CountedWarmUp.traced += 1
+        return super().__call__(step)
+
+
+def test_a_schedule_is_put_in_the_step_once_not_per_variable_and_trains_the_same():
+    """Keras reads the learning rate again for every variable's weight decay on
+    every replica; the step evaluates the schedule once and trains exactly as
+    Keras's own fit with the same optimizer does on one device."""
+    data = common.dataset(common.regression_arrays(n=64), 16)
+    schedule = lambda: CountedWarmUp(keras.optimizers.schedules.CosineDecay(0.01, 8),  # noqa: E731
+                                     warmup_steps=3)
+    make = lambda: keras.optimizers.AdamW(schedule(), weight_decay=0.1)  # noqa: E731
+    CountedWarmUp.traced = 0
+    two = train(2, data, "mse", make_optimizer=make)
+    variables = len(two[2].model.trainable_variables)
+    assert variables >= 4
+    # Once in the update and once for all weight decay, in the one traced loop body.
+    assert 1 <= CountedWarmUp.traced <= 2, CountedWarmUp.traced
+    optimizer = two[2].optimizer
+    assert isinstance(seam.held_learning_rate(optimizer), CountedWarmUp)  # its own again
+    assert "WarmUp" in str(optimizer.get_config()["learning_rate"])
+
+    model = common.dense_model(tf.distribute.get_strategy())  # Keras's fit, one device
+    model.compile(make(), "mse")
+    CountedWarmUp.traced = 0
+    history = model.fit(data, epochs=2, verbose=0, shuffle=False)
+    assert CountedWarmUp.traced > variables  # Keras's own step: once more per variable
+    keras_weights = common.weights_of(model)
+    for ours, theirs in zip(two[0], keras_weights, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(two[1]["loss"], history.history["loss"], rtol=RTOL)
 
 
 @pytest.mark.parametrize("kind", ["default", "one_device"])

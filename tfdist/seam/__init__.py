@@ -40,7 +40,8 @@ from tfdist.seam.keras_model import (backup_and_restore_position, callback_model
                                      set_model_initial_epoch, set_variable_storage,
                                      standardized_inputs, symbolic_build, variable_storage)
 from tfdist.seam.keras_optimizer import (gradient_sum_skipped, gradient_sum_wrapped,
-                                         held_learning_rate, optimizer_iterations_variable,
+                                         held_learning_rate, held_learning_rate_replaced,
+                                         optimizer_iterations_variable,
                                          optimizer_trainable_variables,
                                          optimizer_weight_decay_method,
                                          override_weight_decay_method,
@@ -78,6 +79,7 @@ __all__ = [
     "gradient_sum_wrapped",
     "has_layer_graph",
     "held_learning_rate",
+    "held_learning_rate_replaced",
     "install_quiet_device_iterators",
     "is_plain_resource_variable",
     "join_predicted_batches",

@@ -1,5 +1,6 @@
 """The seam to Keras's optimizer internals: its cross-replica gradient sum,
-its step counter, its strategy, its weight decay, its held learning rate.
+its step counter, its strategy, its weight decay, its held learning rate
+(read, or replaced while a step is traced).
 
 Example:
 
@@ -160,3 +161,27 @@ def held_learning_rate(optimizer):
     'Variable'
     """
     return getattr(optimizer, "_learning_rate", None)
+
+
+@contextlib.contextmanager
+def held_learning_rate_replaced(optimizer, schedule):
+    """Context in which this optimizer instance holds `schedule` as its learning rate.
+
+    `optimizer.learning_rate` (which Keras evaluates for the update and, with
+    decoupled weight decay, once more for every variable on every device)
+    calls `schedule(iterations)` inside; on exit the held object is put back,
+    so `get_config`, checkpoints and later reads see the original.
+
+    Private: `keras.optimizers.Optimizer._learning_rate`.
+
+    Example:
+
+    >>> with held_learning_rate_replaced(optimizer, cached_schedule):
+    ...     optimizer.apply(grads, variables)   # while a step is traced
+    """
+    original = optimizer._learning_rate  # noqa: SLF001 - the seam
+    object.__setattr__(optimizer, "_learning_rate", schedule)
+    try:
+        yield
+    finally:
+        object.__setattr__(optimizer, "_learning_rate", original)

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
-from tfdist.training.optimizer import gradients_averaged
+from tfdist.training.optimizer import gradients_averaged, learning_rate_evaluated_once
 from tfdist.training.step import StepFunctions, gather_replica_outputs
 
 OWN_STEP_HOOKS = ("train_step", "test_step", "predict_step")
@@ -73,7 +73,8 @@ class OwnStepFunctions:
         self._metric_results = compiled(lambda: global_metric_results(model, strategy))
 
     def _run(self, step, batch):
-        with keras_losses_unscaled(), gradients_averaged():
+        with keras_losses_unscaled(), gradients_averaged(), \
+                learning_rate_evaluated_once(getattr(self.model, "optimizer", None)):
             outputs = self.strategy.run(step, args=(batch,))
         return self._reduce_logs(outputs)
 

@@ -46,7 +46,8 @@ from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
-from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
+from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
+                                       loss_scale, scale_gradient)
 from tfdist.training.step_kinds import LossStatsLayout
 
 
@@ -360,7 +361,8 @@ class StepFunctions:
         return global_metric_results(self.model, self.strategy)
 
     def _train_loop(self, iterator, num_steps):
-        with gradients_already_summed(self.optimizer):
+        with gradients_already_summed(self.optimizer), \
+                learning_rate_evaluated_once(self.optimizer):
             return self._loop(self._train_step, iterator, num_steps)
 
     def _test_loop(self, iterator, num_steps):

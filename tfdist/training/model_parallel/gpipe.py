@@ -74,7 +74,8 @@ import tensorflow as tf
 from tfdist.seam import get_keras_mask, model_loss_tracker, set_keras_mask
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
-from tfdist.training.optimizer import gradients_already_summed, loss_scale, scale_gradient
+from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
+                                       loss_scale, scale_gradient)
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
 from tfdist.training.step import compile_step_functions, run_steps
@@ -577,6 +578,7 @@ class PipelineStepFunctions(FitLoopSteps):
 
     def _train_loop(self, iterator, num_steps):
         with outside_strategy_scopes(), gradients_already_summed(self.optimizer), \
+                learning_rate_evaluated_once(self.optimizer), \
                 updates_on_variable_devices(self.optimizer):
             return self._loop(self._train_step, iterator, num_steps)
 
