@@ -90,6 +90,8 @@ def test_flags_are_checked_without_importing_tensorflow():
              "assert transformer.main(['--precision', 'fp8']) == 2; "
              "assert transformer.main(['--epochs', '1', '--steps-per-epoch', '10']) == 2; "
              "assert cnn.main(['--warmup-steps', '200']) == 2; "
+             "assert cnn.main(['--schedule', 'step', '--epochs', '1', '--steps-per-epoch', '10', "
+             "'--warmup-steps', '8']) == 2; "
              "assert transformer.main(['--profile-steps', '2-3']) == 2; "
              "assert transformer.main(['--strategy', 'mirrored', '--all-reduce', 'ring']) == 2; "
              "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
@@ -103,6 +105,8 @@ def test_flags_are_checked_without_importing_tensorflow():
     # embedded 4096 examples / 128 = 32 steps x 4 epochs against 200 warmup steps.
     assert "--warmup-steps 30 is not shorter than the run, which has 10 optimizer step(s)" in errors
     assert "--warmup-steps 200 is not shorter than the run, which has 128 optimizer step(s)" in errors
+    assert ("--schedule step needs at least 4 optimizer steps after the warmup (--warmup-steps "
+            "8), but the run has 10 in all: use --warmup-steps 6 or fewer") in errors
     assert "--profile-steps 2-3 writes into MODEL_DIR/tensorboard: add --model-dir" in errors
     assert "all_reduce='ring' is not valid for mirrored" in errors
 

@@ -14,6 +14,7 @@ from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
 from tfdist.runtime.gpu_memory import check_allow_growth_env
+from tfdist.schedules.choices import MIN_STEPS_AFTER_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN
 
 
 def check_before_tensorflow(recipe, config):
@@ -137,7 +138,9 @@ def check_skip_corrupt_records(config):
 
 
 def check_warmup(config, steps_per_epoch):
-    """Refuses a warmup that does not end before the last optimizer step.
+    """Refuses a warmup that does not end before the last optimizer step, or
+    leaves too few steps for a schedule shaped by the run (`step`,
+    `cosine_restarts`: `MIN_STEPS_AFTER_WARMUP`).
 
     Raises:
         ConfigError: naming the warmup, the run's optimizer steps and the way out.
@@ -156,3 +159,12 @@ def check_warmup(config, steps_per_epoch):
             + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
             + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
             "or a longer run (--epochs, --steps-per-epoch).")
+    schedule = getattr(config, "schedule", None)
+    if schedule in SCHEDULES_SHAPED_BY_THE_RUN and total - config.warmup_steps < MIN_STEPS_AFTER_WARMUP:
+        fewer = total - MIN_STEPS_AFTER_WARMUP
+        way_out = (f"use --warmup-steps {fewer} or fewer, or a longer run" if fewer >= 0
+                   else "use a longer run")
+        raise ConfigError(
+            f"--schedule {schedule} needs at least {MIN_STEPS_AFTER_WARMUP} optimizer steps after "
+            f"the warmup (--warmup-steps {config.warmup_steps}), but the run has {total} in all: "
+            f"{way_out} (--epochs, --steps-per-epoch), or another --schedule.")
