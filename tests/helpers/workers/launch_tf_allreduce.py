@@ -29,8 +29,16 @@ print(f"replicas={strategy.num_replicas_in_sync} task={strategy.cluster_resolver
       f"allreduce={float(total):g}", flush=True)
 # A worker that exits as soon as its own all-reduce returns can close the
 # gRPC server its peer is still fetching a ring buffer from ("Socket closed"):
-# both wait at a coordination-service barrier, with a deadline, first.
+# both wait at a coordination-service barrier, with a deadline, first. Task 0
+# hosts the coordination service, so it leaves last: it waits (with a
+# deadline) until every other task says it got through the barrier, or a
+# peer's barrier reply could be lost with task 0's server ("Socket closed").
 from tensorflow.python.eager import context  # noqa: E402
 
 context.context().wait_at_barrier("launch_tf_allreduce_done", 60_000)
+if rank == 0:
+    for peer in range(1, strategy.cluster_resolver.cluster_spec().num_tasks("worker")):
+        context.context().get_config_key_value(f"launch_tf_allreduce_left/{peer}", 60_000)
+else:
+    context.context().set_config_key_value(f"launch_tf_allreduce_left/{rank}", "1")
 os._exit(0)
