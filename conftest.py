@@ -36,7 +36,7 @@ def pytest_xdist_auto_num_workers(config):
     own (recipes, localhost clusters), so more workers than that would only
     share the same memory bandwidth and stretch the tests' deadlines."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_TEST_WORKERS, usable or 1))
+    return min(MAX_TEST_WORKERS, usable or 1)
 
 
 def pytest_collect_file(file_path, parent):

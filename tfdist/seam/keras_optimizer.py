@@ -179,7 +179,7 @@ def held_learning_rate_replaced(optimizer, schedule):
     >>> with held_learning_rate_replaced(optimizer, cached_schedule):
     ...     optimizer.apply(grads, variables)   # while a step is traced
     """
-    original = optimizer._learning_rate  # noqa: SLF001 - the seam
+    original = held_learning_rate(optimizer)
     object.__setattr__(optimizer, "_learning_rate", schedule)
     try:
         yield

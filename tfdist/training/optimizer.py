@@ -189,7 +189,6 @@ class OncePerGraph(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, schedule):
         super().__init__()
         self.schedule = schedule
-        self.evaluations = 0
         self._values = []  # (graph, step, value) of the graphs traced in this context
 
     def __call__(self, step):
@@ -200,7 +199,6 @@ class OncePerGraph(keras.optimizers.schedules.LearningRateSchedule):
             if seen_graph is graph and seen_step is step:
                 return value
         value = self.schedule(step)
-        self.evaluations += 1
         self._values.append((graph, step, value))
         return value
 
