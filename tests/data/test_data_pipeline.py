@@ -235,3 +235,72 @@ def test_text_source_windows_partition_across_pipelines(tmp_path):
         assert fn.plans[index].mode == RECORD and mine
         lines += mine
     assert sorted(lines) == [f"line {i:03d}\n" for i in range(150)]
+
+
+class CountedRows(Source):
+    """Id rows in memory whose decode counts its calls (on a variable), not cached."""
+
+    def __init__(self, count, unknown_size=False):
+        self.ids = np.arange(count, dtype=np.int64)
+        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.unknown_size = unknown_size
+
+    def to_examples(self, dataset):
+        # A filter hides the size, as packing text into windows does.
+        return dataset.filter(lambda _: True) if self.unknown_size else dataset
+
+    def read_all(self):
+        return tf.data.Dataset.from_tensor_slices(self.ids)
+
+    def decode(self, record):
+        self.decoded.assign_add(1)
+        return record
+
+
+def take(dataset, batches):
+    return [batch.numpy().tolist() for batch in dataset.take(batches)]
+
+
+@pytest.mark.parametrize("pipelines", [1, 2])
+@pytest.mark.parametrize("start", [0, 3, 7, 40])
+def test_a_positioned_pipeline_yields_what_the_whole_one_yields_after_those_batches(
+        pipelines, start):
+    """10 examples per pass, global batch 4: batch 40 is 16 passes in."""
+    fn = make_dataset_fn(CountedRows(10), 4, seed=7)
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
+        whole = take(fn(context), start + 6)
+        assert take(fn.positioned(start)(context), 6) == whole[start:]
+    # The stream is pass after pass, each a shuffle of the examples:
+    two_passes = sum(take(fn(None), 5), [])
+    assert sorted(two_passes[:10]) == sorted(two_passes[10:]) == list(range(10))
+    assert two_passes[:10] != two_passes[10:]
+
+
+@pytest.mark.parametrize("unknown_size", [False, True], ids=["known_size", "counted_size"])
+def test_positioning_skips_whole_passes_without_reading_them(unknown_size):
+    """Starting 100 passes in reads a few passes before the first batch (one
+    to count a pass whose size is unknown, the pass it starts in, and what the
+    prefetching reads ahead), where the whole pipeline would read 100 passes."""
+    source = CountedRows(10, unknown_size=unknown_size)
+    fn = make_dataset_fn(source, 5, seed=7)
+    later = fn.positioned(201)  # 1005 examples: pass 100, 5 examples in
+    first = take(later(None), 1)
+    assert source.decoded.numpy() <= 6 * 10
+    assert first == take(fn(None), 202)[201:]
+
+
+def test_only_a_seeded_repeated_training_pipeline_of_one_record_order_can_be_positioned(id_files):
+    rows = CountedRows(10)
+    assert make_dataset_fn(rows, 5, seed=1).can_position
+    assert not make_dataset_fn(rows, 5).can_position  # no seed: a random order every run
+    assert not make_dataset_fn(rows, 5, seed=1, training=False).can_position
+    assert not make_dataset_fn(rows, 5, seed=1, repeat=False).can_position
+    five, _ = make_id_source("five_files", id_files)  # file order reshuffled every pass
+    assert not make_dataset_fn(five, 5, seed=1).can_position
+    with pytest.raises(ValueError, match="cannot be started mid-stream"):
+        make_dataset_fn(five, 5, seed=1).positioned(3)
+    with pytest.raises(ValueError, match="batches must be an integer >= 0, got -1"):
+        make_dataset_fn(rows, 5, seed=1).positioned(-1)

@@ -36,6 +36,9 @@ logger = logging.getLogger("tfdist.data")
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
 DEFAULT_DETERMINISTIC_SEED = 0
+_PASS_SEED_STRIDE = 1_000_003
+"""Pass p of a positionable pipeline seeded s shuffles with seed s * stride + p."""
+_ENDLESS = 2 ** 62
 COUNT_SECONDS = 5.0
 """How long `count_examples` reads a source whose size it does not know, at most."""
 _COUNT_CHUNK = 1024
@@ -69,6 +72,21 @@ def per_replica_batch_size(global_batch_size, num_replicas):
             f"({num_replicas}): every replica must get the same batch. Use a multiple of "
             f"{num_replicas}, e.g. {choices}.")
     return global_batch_size // num_replicas
+
+
+def _pass_size(examples, skip):
+    """Examples in one pass, when known or when a pass is shorter than `skip`
+    (counted then: reading one pass costs less than reading `skip`); else -1."""
+    size = int(examples.cardinality())
+    if size >= 0 or not tf.executing_eagerly():
+        return size if size >= 0 else -1
+    counted = int(examples.take(skip).reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
+    return counted if 0 < counted < skip else -1
+
+
+def _one_record_order(plan):
+    """Whether a shard's records come in one fixed order every pass (no file order to shuffle)."""
+    return plan.mode == sharding.RECORD or len(plan.files) <= 1
 
 
 def _whole_element(fn):
@@ -118,6 +136,68 @@ class DatasetFn:
         self.drop_remainder = bool(drop_remainder)
         self.plans = {}
         self.parameter_server_workers = None
+        self.start_batch = 0
+
+    def _copy(self):
+        copy = DatasetFn(self.source, self.global_batch_size, training=self.training,
+                         shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                         deterministic=self.deterministic, cache=self.cache, repeat=self.repeat,
+                         drop_remainder=self.drop_remainder)
+        copy.parameter_server_workers = self.parameter_server_workers
+        copy.start_batch = self.start_batch
+        return copy
+
+    @property
+    def can_position(self):
+        """Whether `positioned` can start this pipeline mid-stream without replaying it.
+
+        True for a seeded, repeated training pipeline (the recipes') whose
+        source reads its records in one fixed order (in memory, or one file)
+        and augments, if at all, with a seed it is given
+        (`augment_with_seed`). Other pipelines are resumed by
+        replaying the consumed batches.
+
+        Example:
+
+        >>> make_dataset_fn(make_source("embedded:reverse"), 64, seed=1).can_position
+        True
+        """
+        return (self.training and self.repeat and self.seed is not None
+                and self.parameter_server_workers is None and self.source.num_files <= 1
+                and (self.source.augment is None
+                     or callable(getattr(self.source, "augment_with_seed", None))))
+
+    def positioned(self, batches):
+        """Returns a copy whose pipelines start after `batches` global batches.
+
+        The copy yields exactly what this one yields after its first
+        `batches` batches, without producing them: every pass over the data
+        has its own shuffle seed, so whole passes are skipped by starting at
+        the next pass, and within a pass the examples before the position are
+        drawn (decoded once if cached) but never augmented or batched. Use it
+        to resume training at a data position (`Trainer.fit` does).
+
+        Args:
+            batches: global batches already consumed (an int >= 0).
+
+        Raises:
+            ValueError: the pipeline cannot be positioned (`can_position`).
+
+        Example:
+
+        >>> fn = make_dataset_fn(make_source("embedded:reverse"), 64, seed=1)
+        >>> later = fn.positioned(402)   # what fn yields from its 403rd batch on
+        """
+        if not self.can_position:
+            raise ValueError(
+                "This input pipeline cannot be started mid-stream (it needs training=True, "
+                "repeat, a seed, and an augmentation that takes its seed); resume it by "
+                "replaying the consumed batches instead.")
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ValueError(f"batches must be an integer >= 0, got {batches!r}.")
+        copy = self._copy()
+        copy.start_batch = batches
+        return copy
 
     def for_parameter_server(self, num_workers):
         """Returns a copy whose every worker reads only its own 1/`num_workers` of the records.
@@ -131,10 +211,7 @@ class DatasetFn:
 
         >>> per_worker_fn = make_dataset_fn(source, 64).for_parameter_server(2)
         """
-        copy = DatasetFn(self.source, self.global_batch_size, training=self.training,
-                         shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-                         deterministic=self.deterministic, cache=self.cache, repeat=self.repeat,
-                         drop_remainder=self.drop_remainder)
+        copy = self._copy()
         copy.parameter_server_workers = int(num_workers)
         return copy
 
@@ -167,18 +244,64 @@ class DatasetFn:
         dataset = source.to_examples(dataset)
         if self.cache:
             dataset = dataset.cache(self._cache_path(plan))
-        if self.training:
-            dataset = dataset.shuffle(self.shuffle_buffer, seed=self.seed,
-                                      reshuffle_each_iteration=True)
-            if source.augment is not None:
-                dataset = dataset.map(_whole_element(source.augment),
-                                      num_parallel_calls=tf.data.AUTOTUNE)
-        if self.repeat:
-            dataset = dataset.repeat()
+        if self.can_position and _one_record_order(plan):
+            examples_per_step = batch_size * (input_context.num_replicas_in_sync
+                                              // input_context.num_input_pipelines)
+            dataset = self._passes(dataset, self.start_batch * examples_per_step)
+        else:
+            if self.start_batch:
+                raise ValueError(
+                    f"{source.describe()} reads its files in a new order every pass: this "
+                    "pipeline cannot be started mid-stream; resume it by replaying.")
+            if self.training:
+                dataset = dataset.shuffle(self.shuffle_buffer, seed=self.seed,
+                                          reshuffle_each_iteration=True)
+                if source.augment is not None:
+                    dataset = dataset.map(_whole_element(source.augment),
+                                          num_parallel_calls=tf.data.AUTOTUNE)
+            if self.repeat:
+                dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
                                 num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         return dataset.with_options(self._options())
+
+    def _passes(self, examples, skip):
+        """The training stream of a positionable pipeline, `skip` examples in.
+
+        Pass p over `examples` is shuffled with its own seed (so pass p is the
+        same whether or not the passes before it were produced) and its
+        examples are augmented with a seed derived from (p, index in the
+        pass). Starting `skip` examples in starts at pass `skip // size` and
+        drops `skip % size` examples of it before augmentation.
+        """
+        start_pass, offset = 0, skip
+        size = _pass_size(examples, skip) if skip else -1
+        if size > 0:
+            start_pass, offset = divmod(skip, size)
+        seed = tf.constant(self.seed, tf.int64)
+        buffer = self.shuffle_buffer
+
+        def one_pass(pass_index):
+            order = examples.shuffle(buffer, seed=seed * _PASS_SEED_STRIDE + pass_index,
+                                     reshuffle_each_iteration=False)
+            return order.enumerate().map(lambda index, example: ((pass_index, index), example))
+
+        stream = tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
+        if offset:
+            stream = stream.skip(offset)
+        augment = getattr(self.source, "augment_with_seed", None)
+        if self.source.augment is None or augment is None:
+            return stream.map(lambda key, example: example)
+        augment_seed = tf.constant(getattr(self.source, "augment_seed", None) or 0, tf.int64)
+
+        def augmented(key, example):
+            pass_index, index = key
+            element_seed = tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
+                                     augment_seed * _PASS_SEED_STRIDE + index])
+            return augment(example, element_seed)
+
+        return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
 
     def _cache_path(self, plan):
         if self.cache is True:

@@ -23,11 +23,13 @@ uint8 images in memory after the first epoch (4x smaller than float32), so
 JPEG/PNG decoding runs once. Do not also pass `cache=True` to the pipeline.
 
 Reproducibility: `augment_image` is a pure function of its stateless seed.
-`ImageSource.augment` draws that seed per example from a stateful random op
-(seeded by `augment_seed` and the global TF seed); in tf.data's parallel
-maps the draws go to examples in thread order, so whole runs repeat exactly
-only under `tf.config.experimental.enable_op_determinism()` (then the same
-seeds give the same augmented batches, and every epoch still differs).
+A seeded training pipeline (`make_dataset_fn(..., seed=S)`, the recipes')
+gives every example its seed from its pass over the data and its place in
+that pass (`ImageSource.augment_with_seed`), so runs repeat exactly, every
+pass still differs, and a resumed run augments as the uninterrupted one.
+Without a seed, `ImageSource.augment` draws the seed per example from a
+stateful random op (seeded by `augment_seed` and the global TF seed); in
+tf.data's parallel maps the draws go to examples in thread order.
 """
 
 import math
@@ -209,9 +211,25 @@ class ImageSource(Source):
             num_parallel_calls=tf.data.AUTOTUNE)
 
     def augment(self, example):
-        """The training augmentation of one `(image, label)` example (see `augment_image`)."""
-        image, label = example
+        """The training augmentation of one `(image, label)` example, its seed drawn
+        from a stateful random op (pipelines that cannot give a seed; see
+        `augment_with_seed`)."""
         seed = tf.random.uniform([2], maxval=_INT32_MAX, dtype=tf.int32, seed=self.augment_seed)
+        return self.augment_with_seed(example, seed)
+
+    def augment_with_seed(self, example, seed):
+        """The training augmentation of one `(image, label)` example, a pure function
+        of `seed` (a stateless seed, shape [2]; see `augment_image`).
+
+        A seeded training pipeline gives each example a seed derived from its
+        pass and its place in the pass, so a resumed run augments every
+        example as the uninterrupted run did, whatever the threads' order.
+
+        Example:
+
+        >>> image, label = source.augment_with_seed((image, label), tf.constant([3, 7]))
+        """
+        image, label = example
         image = transforms.augment_image(image, seed, crop=self.train_crop,
                                          padding=self.padding, flip=self.flip)
         return image, label
