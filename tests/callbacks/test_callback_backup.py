@@ -23,8 +23,10 @@ from helpers.recorders import BatchRecorder
 from tfdist.callbacks.backup import (BackupAndResume, BackupWriter, ResumeWarning,
                                      latest_backup, list_backups, read_backup)
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
+from tfdist.data import Source, make_dataset_fn
 from tfdist.training import Trainer
-from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition, replay_note
+from tfdist.training.resume import (FIT_POSITION_ATTRIBUTE, FitPosition, position_note,
+                                   replay_note)
 from helpers.workers import backup_interrupted_write as big
 from helpers.workers import backup_worker
 from helpers.workers import train_common as common
@@ -419,6 +421,12 @@ def test_fit_position_says_when_it_replays_the_consumed_batches():
     no_replay = FitPosition(steps_per_epoch=500, replays_consumed_batches=False)
     no_replay.resume_at(0, 402, 402)  # the parameter-server loop's workers start anew
     assert no_replay.data_position_note() == ""
+    built_there = FitPosition(steps_per_epoch=500, replays_consumed_batches=False,
+                              starts_input_at_position=True)
+    built_there.resume_at(0, 402, 402)
+    assert built_there.data_position_note() == position_note(402) == (
+        "; the input pipeline starts at batch 403 without replaying the 402 batches before it")
+    assert position_note(0) == ""
 
 
 def test_the_resume_line_names_the_batches_the_trainer_replays(tmp_path, capsys):
@@ -437,6 +445,43 @@ def test_the_resume_line_names_the_batches_the_trainer_replays(tmp_path, capsys)
         f"BackupAndResume: resuming from {saved.path} at epoch 1 step 1 (global step 6, "
         "optimizer iteration 6); replaying the 6 batches already consumed from the input "
         "pipeline to reach the data position (a dataset that can only be replayed)"]
+
+
+class RegressionRows(Source):
+    """The regression examples in memory, as a tfdist.data source."""
+
+    def read_all(self):
+        return tf.data.Dataset.from_tensor_slices(common.regression_arrays(n=EXAMPLES))
+
+
+@pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
+def test_a_tfdist_pipeline_starts_at_the_data_position_and_the_resume_is_exact(
+        tmp_path, capsys, strategy_name):
+    """A `make_dataset_fn` input is built at the backup's data position (here 26
+    examples into the second pass over the 70) instead of replayed, and the run ends
+    with the uninterrupted run's weights, to the bit."""
+    pipeline = make_dataset_fn(RegressionRows(), BATCH, seed=3)
+    assert pipeline.can_position
+
+    def fit(callbacks):
+        model, trainer = make_trainer(strategy_named(strategy_name))
+        trainer.fit(pipeline, epochs=EPOCHS, steps_per_epoch=5, callbacks=callbacks, verbose=0)
+        return common.weights_of(model)
+
+    uninterrupted = fit([])
+    backup_dir = tmp_path / "backup"
+    first = BackupAndResume(backup_dir, save_freq=3, verbose=0)
+    with pytest.raises(Interrupted):
+        fit([first, InterruptAfterSteps(13)])
+    saved = first.last_backup
+    assert (saved.epoch, saved.step, saved.iterator_batches) == (2, 2, 12)  # 96 examples: pass 2
+    capsys.readouterr()
+    resumed = fit([BackupAndResume(backup_dir, verbose=1)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "resuming from" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        "; the input pipeline starts at batch 13 without replaying the 12 batches before it")
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_resume_line_at_an_epoch_start_with_nothing_to_replay_says_nothing_more(

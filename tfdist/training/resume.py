@@ -76,8 +76,12 @@ class FitPosition:
             accumulation.
         replays_consumed_batches: whether `fit` reaches a requested data
             position by drawing and discarding the consumed batches
-            (`Trainer`: True; the parameter-server loop, whose workers start
-            their datasets anew, False).
+            (`Trainer`: True for a dataset that can only be replayed; the
+            parameter-server loop, whose workers start their datasets anew,
+            False).
+        starts_input_at_position: whether `fit` builds its input at the
+            requested position instead (`Trainer` with a `tfdist.data`
+            pipeline function that can be positioned).
 
     Attributes:
         epoch: the current epoch index.
@@ -104,7 +108,7 @@ class FitPosition:
     """
 
     def __init__(self, steps_per_epoch, grad_accum_steps=1, update_boundary=None,
-                 replays_consumed_batches=True):
+                 replays_consumed_batches=True, starts_input_at_position=False):
         self.steps_per_epoch = steps_per_epoch
         self.grad_accum_steps = grad_accum_steps
         self.epoch = 0
@@ -115,6 +119,7 @@ class FitPosition:
         self.iterator_continues = False
         self.requested = None
         self.replays_consumed_batches = replays_consumed_batches
+        self.starts_input_at_position = starts_input_at_position
         self._update_boundary = update_boundary
         self._started = False
 
@@ -225,7 +230,11 @@ class FitPosition:
         >>> position.data_position_note()
         '; replaying the 402 batches already consumed ... (a dataset that can only be replayed)'
         """
-        if self.requested is None or not self.replays_consumed_batches:
+        if self.requested is None:
+            return ""
+        if self.starts_input_at_position and self.requested.iterator_index == 0:
+            return position_note(self.requested.iterator_batches)
+        if not self.replays_consumed_batches:
             return ""
         return replay_note(self.requested.iterator_batches)
 
@@ -248,3 +257,20 @@ def replay_note(batches):
     noun = "batch" if batches == 1 else "batches"
     return (f"; replaying the {batches} {noun} already consumed from the input pipeline to "
             "reach the data position (a dataset that can only be replayed)")
+
+
+def position_note(batches):
+    """The words a resume message adds when the input pipeline is built at the
+    data position (`tfdist.data`'s `DatasetFn.positioned`) instead of being
+    replayed (empty for 0 batches).
+
+    Example:
+
+    >>> position_note(402)
+    '; the input pipeline starts at batch 403 without replaying the 402 before it'
+    """
+    if not batches:
+        return ""
+    noun = "batch" if batches == 1 else "batches"
+    return (f"; the input pipeline starts at batch {batches + 1} without replaying the "
+            f"{batches} {noun} before it")

@@ -333,13 +333,16 @@ class Trainer:
             callbacks, self.model, self.strategy, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch, add_history=True)
         self.model.stop_training = False
+        positionable = train if _can_position(train) else None
         position = FitPosition(steps_per_epoch, self.grad_accum_steps,
-                               self._update_boundary if self.grad_accum_steps > 1 else None)
+                               self._update_boundary if self.grad_accum_steps > 1 else None,
+                               replays_consumed_batches=positionable is None,
+                               starts_input_at_position=positionable is not None)
         setattr(self.model, FIT_POSITION_ATTRIBUTE, position)
         try:
             training_logs, initial_epoch = self._fit_epochs(
                 data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                validation_freq, callback_list, initial_epoch, position)
+                validation_freq, callback_list, initial_epoch, position, positionable)
         finally:
             setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
         if epochs > initial_epoch and self.optimizer is not None:
@@ -449,8 +452,12 @@ class Trainer:
 
     # ------------------------------------------------------------- the loop
     def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                    validation_freq, callback_list, initial_epoch, position):
-        """The epoch loop of `fit`; returns `(last epoch logs, first epoch run)`."""
+                    validation_freq, callback_list, initial_epoch, position, positionable=None):
+        """The epoch loop of `fit`; returns `(last epoch logs, first epoch run)`.
+
+        `positionable`: the training input when it can start at a data position
+        itself (a `DatasetFn` of `tfdist.data`: `positioned(batches)`); a resume
+        then builds the input at that position instead of replaying it."""
         callback_list.on_train_begin()
         requested = position.start()
         if requested is not None:
@@ -470,13 +477,18 @@ class Trainer:
                     for _ in range(requested.iterator_index - position.iterator_index - 1):
                         iter(data)
                     position.iterator_index = requested.iterator_index - 1
-                iterator = iter(data)
+                consumed = 0
+                if resuming and positionable is not None and requested.iterator_index == 0:
+                    consumed = requested.iterator_batches
+                iterator = iter(data if not consumed else distribute(
+                    self.strategy, positionable.positioned(consumed), "x"))
                 position.iterator_index += 1
-                position.iterator_batches = 0
+                position.iterator_batches = consumed
             first_step = 0
             if resuming:
                 first_step = requested.step
-                self._skip_batches(steps.skip_function, iterator, requested.iterator_batches)
+                self._skip_batches(steps.skip_function, iterator,
+                                   requested.iterator_batches - position.iterator_batches)
                 position.step = first_step
                 position.iterator_batches = requested.iterator_batches
             logs, exhausted = run_batches(steps.train_function, iterator, steps_per_epoch,
@@ -691,6 +703,13 @@ def _check_optimizer_knows(model, optimizer):
             "strategy.scope() (e.g. model.compile(optimizer=keras.optimizers.SGD(0.01), "
             "loss=..., metrics=...), as Keras's fine-tuning guide does), then call fit "
             "again.")
+
+
+def _can_position(train):
+    """Whether the training input can start at a data position itself (duck-typed:
+    `tfdist.data`'s `DatasetFn` has `can_position` and `positioned`)."""
+    return bool(getattr(train, "can_position", False)) and callable(
+        getattr(train, "positioned", None))
 
 
 def _is_parameter_server(strategy):
