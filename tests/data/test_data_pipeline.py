@@ -279,6 +279,22 @@ def test_a_positioned_pipeline_yields_what_the_whole_one_yields_after_those_batc
     assert two_passes[:10] != two_passes[10:]
 
 
+@pytest.mark.parametrize("global_seed", [0, 5])
+def test_the_pass_order_depends_on_the_pipeline_seed_alone(global_seed):
+    """A program's `tf.random.set_seed` (Keras's `set_random_seed`) does not
+    change a seeded pipeline's order, so a resumed run that seeds differently
+    still continues the same stream (a global seed of 0 once broke the build)."""
+    fn = make_dataset_fn(CountedRows(10), 4, seed=7)
+    tf.random.set_seed(global_seed)
+    try:
+        seeded = take(fn.positioned(3)(None), 6)
+    finally:
+        tf.random.set_seed(None)
+    unseeded = take(fn.positioned(3)(None), 6)
+    assert seeded == unseeded
+    assert seeded != take(make_dataset_fn(CountedRows(10), 4, seed=8).positioned(3)(None), 6)
+
+
 @pytest.mark.parametrize("unknown_size", [False, True], ids=["known_size", "counted_size"])
 def test_positioning_skips_whole_passes_without_reading_them(unknown_size):
     """Starting 100 passes in reads a few passes before the first batch (one

@@ -283,6 +283,10 @@ class DatasetFn:
         buffer = self.shuffle_buffer
 
         def one_pass(pass_index):
+            # The order of pass p is a function of the pipeline's seed and p
+            # alone, not of `tf.random.set_seed` (a global seed would also make
+            # TensorFlow compare this seed tensor with 0 in Python and fail).
+            tf.compat.v1.get_default_graph().seed = None
             order = examples.shuffle(buffer, seed=seed * _PASS_SEED_STRIDE + pass_index,
                                      reshuffle_each_iteration=False)
             return order.enumerate().map(lambda index, example: ((pass_index, index), example))
