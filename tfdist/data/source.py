@@ -12,6 +12,8 @@ To add a source (images, audio, ...), subclass `Source` and implement either
 sharding) or `read_all` (in-memory: records are sharded), plus `decode`.
 """
 
+import inspect
+
 import numpy as np
 import tensorflow as tf
 
@@ -36,6 +38,13 @@ class Source:
         skipped: None, or a `tfdist.data.corruption.SkippedRecords` log of
             the damaged data this source skipped (TFRecord sources built
             with `skip_corrupt_records=True`).
+        orders_files: `read` honours a `file_order` (True when `read` takes
+            one, as the base class's does; TFDS sources, which read through
+            TFDS, say False).
+        to_example: None, or a method `to_example(decoded) -> example` for a
+            source whose `to_examples` maps each decoded record to exactly one
+            example and caches nothing: a positioned pipeline then skips
+            records before decoding them.
 
     Example (an in-memory source of squares):
 
@@ -50,6 +59,17 @@ class Source:
     augment = None
     keep_record_order = False
     skipped = None
+    to_example = None
+
+    @property
+    def orders_files(self):
+        """Whether `read` takes a `file_order` (a subclass's own `read` may not)."""
+        return "file_order" in inspect.signature(self.read).parameters
+
+    @property
+    def caches_examples(self):
+        """Whether `to_examples` caches what it is given (read once, then served from memory)."""
+        return False
 
     @property
     def num_files(self):
@@ -81,7 +101,7 @@ class Source:
                 f"{type(self).__name__} has no files: implement read_all() or read_file().")
         return tf.data.Dataset.from_tensor_slices(list(self.files)).flat_map(self.read_file)
 
-    def read(self, plan, *, shuffle_files=False, seed=None):
+    def read(self, plan, *, shuffle_files=False, seed=None, file_order=None):
         """Returns the raw records of one input pipeline's shard.
 
         Args:
@@ -89,6 +109,9 @@ class Source:
             shuffle_files: shuffle the order of this shard's files (file
                 mode only; reshuffled every epoch).
             seed: seed of that shuffle, or None.
+            file_order: None, or a 1-D int tensor permuting `plan.files`:
+                read the shard's files in that order (file mode only; a
+                positioned pipeline gives each pass its own order).
 
         Example:
 
@@ -99,9 +122,13 @@ class Source:
             files = list(plan.files)
             if not files:
                 raise ValueError(f"{type(self).__name__}: file-sharding plan lists no files.")
-            dataset = tf.data.Dataset.from_tensor_slices(files)
-            if shuffle_files and len(files) > 1:
-                dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            if file_order is not None:
+                dataset = tf.data.Dataset.from_tensor_slices(tf.gather(files, file_order))
+            else:
+                dataset = tf.data.Dataset.from_tensor_slices(files)
+                if shuffle_files and len(files) > 1:
+                    dataset = dataset.shuffle(len(files), seed=seed,
+                                              reshuffle_each_iteration=True)
             if self.keep_record_order:
                 return dataset.flat_map(self.read_file)
             return dataset.interleave(

@@ -199,16 +199,31 @@ class ImageSource(Source):
         image = transforms.eval_view(image, (height, width), self.crop_fraction)
         return image, tf.cast(label, tf.int32)
 
+    @property
+    def caches_examples(self):
+        return self.cache_decoded
+
     def to_examples(self, dataset):
         """Caches the decoded images (if `cache_decoded`), then normalises them and casts
         to the compute dtype of the Keras policy in force now (pipeline-build time)."""
         if self.cache_decoded:
             dataset = dataset.cache()
+        return dataset.map(self._normalizer(), num_parallel_calls=tf.data.AUTOTUNE)
+
+    def to_example(self, decoded):
+        """One decoded `(image, label)` normalised and cast, as `to_examples` does without
+        its cache (a positioned pipeline skips records before decoding them).
+
+        Example:
+
+        >>> image, label = source.to_example(source.decode(record))
+        """
+        return self._normalizer()(*decoded)
+
+    def _normalizer(self):
         dtype = transforms.compute_dtype()
         mean, std = self.mean, self.std
-        return dataset.map(
-            lambda image, label: (transforms.normalize(image, mean, std, dtype), label),
-            num_parallel_calls=tf.data.AUTOTUNE)
+        return lambda image, label: (transforms.normalize(image, mean, std, dtype), label)
 
     def augment(self, example):
         """The training augmentation of one `(image, label)` example, its seed drawn

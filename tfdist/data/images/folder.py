@@ -97,10 +97,13 @@ class ImageFolderSource(ImageSource):
     def num_examples(self):
         return len(self.files)
 
-    def read(self, plan, *, shuffle_files=False, seed=None):
+    def read(self, plan, *, shuffle_files=False, seed=None, file_order=None):
         if plan.mode == sharding.FILE:
             paths = list(plan.files)
             labels = [self._label_of[path] for path in paths]
+            if file_order is not None:
+                return tf.data.Dataset.from_tensor_slices(
+                    (tf.gather(paths, file_order), tf.gather(labels, file_order)))
             dataset = tf.data.Dataset.from_tensor_slices((paths, labels))
             if shuffle_files and len(paths) > 1:
                 dataset = dataset.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
