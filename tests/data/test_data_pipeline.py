@@ -11,6 +11,7 @@ from helpers.replicas import replica_batches
 from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecordSource,
                          distribute_dataset, make_dataset_fn, per_replica_batch_size,
                          plan_sharding, write_token_tfrecords)
+from tfdist.data.images import ShapesSource
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
 from tfdist.distribute.strategy_factory import create_strategy
 
@@ -308,15 +309,70 @@ def test_positioning_skips_whole_passes_without_reading_them(unknown_size):
     assert first == take(fn(None), 202)[201:]
 
 
-def test_only_a_seeded_repeated_training_pipeline_of_one_record_order_can_be_positioned(id_files):
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_a_positioned_pipeline_over_many_files_reads_them_in_a_new_order_every_pass(
+        id_files, pipelines):
+    """37 examples in 5 files; 2 pipelines shard by file (3 and 2 files each)."""
+    source, ids = make_id_source("five_files", id_files)
+    fn = make_dataset_fn(source, 2 * pipelines, seed=3)
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
+        whole = sum((ids_of(inputs) for inputs, _ in fn(context).take(70)), [])
+        later = sum((ids_of(inputs) for inputs, _ in fn.positioned(41)(context).take(29)), [])
+        assert later == whole[41 * 2:]
+    if pipelines == 1:
+        first, second = whole[:37], whole[37:74]
+        assert sorted(first) == sorted(second) == ids
+        assert first != second
+
+
+class CountedImages(ShapesSource):
+    """Embedded shapes decoded one record at a time, counting the decodes (no cache)."""
+
+    def __init__(self, count):
+        super().__init__(count, 8, seed=5, cache_decoded=False)
+        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def decode(self, record):
+        self.decoded.assign_add(1)
+        return super().decode(record)
+
+
+def test_a_source_of_one_example_per_record_skips_records_before_decoding_them():
+    """A pass of 400 images, started 380 images in: the 380 are drawn as raw
+    records but never decoded or augmented, and what follows is what the
+    whole pipeline gives after them (augmented with the same seeds)."""
+    source = CountedImages(400)
+    fn = make_dataset_fn(source, 4, seed=2, shuffle_buffer=50)
+    later = list(fn.positioned(95)(None).take(3))
+    assert 0 < source.decoded.numpy() <= 100
+    whole = list(fn(None).take(98))[95:]
+    for (images, labels), (their_images, their_labels) in zip(later, whole, strict=True):
+        np.testing.assert_array_equal(images, their_images)
+        np.testing.assert_array_equal(labels, their_labels)
+
+
+def test_only_a_seeded_repeated_training_pipeline_can_be_positioned(id_files):
     rows = CountedRows(10)
     assert make_dataset_fn(rows, 5, seed=1).can_position
     assert not make_dataset_fn(rows, 5).can_position  # no seed: a random order every run
     assert not make_dataset_fn(rows, 5, seed=1, training=False).can_position
     assert not make_dataset_fn(rows, 5, seed=1, repeat=False).can_position
-    five, _ = make_id_source("five_files", id_files)  # file order reshuffled every pass
-    assert not make_dataset_fn(five, 5, seed=1).can_position
+    assert not make_dataset_fn(rows, 5, seed=1).for_parameter_server(2).can_position
     with pytest.raises(ValueError, match="cannot be started mid-stream"):
-        make_dataset_fn(five, 5, seed=1).positioned(3)
+        make_dataset_fn(rows, 5).positioned(3)
+    five, _ = make_id_source("five_files", id_files)  # each pass orders the files itself
+    assert make_dataset_fn(five, 5, seed=1).can_position
+    own = ReadsFilesItsOwnWay(str(id_files / "many-*.tfrecord"), sequence_length=3,
+                              vocab_size=VOCAB)  # as a TFDS source, which orders its shards
+    assert not make_dataset_fn(own, 5, seed=1).can_position
+    assert make_dataset_fn(own, 5, seed=1, cache=True).can_position  # one order, cached
     with pytest.raises(ValueError, match="batches must be an integer >= 0, got -1"):
         make_dataset_fn(rows, 5, seed=1).positioned(-1)
+
+
+class ReadsFilesItsOwnWay(TFRecordSource):
+    def read(self, plan, *, shuffle_files=False, seed=None):
+        return super().read(plan, shuffle_files=shuffle_files, seed=seed)

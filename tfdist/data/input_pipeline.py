@@ -152,18 +152,22 @@ class DatasetFn:
         """Whether `positioned` can start this pipeline mid-stream without replaying it.
 
         True for a seeded, repeated training pipeline (the recipes') whose
-        source reads its records in one fixed order (in memory, or one file)
-        and augments, if at all, with a seed it is given
-        (`augment_with_seed`). Other pipelines are resumed by
-        replaying the consumed batches.
+        source can be read in an order the pipeline gives it (in memory, one
+        file, files it reads itself, or anything cached) and augments, if at
+        all, with a seed it is given (`augment_with_seed`). A TFDS source of
+        several shards (TFDS orders them), a parameter-server pipeline, or
+        any other dataset is resumed by replaying the consumed batches.
 
         Example:
 
         >>> make_dataset_fn(make_source("embedded:reverse"), 64, seed=1).can_position
         True
         """
+        source = self.source
         return (self.training and self.repeat and self.seed is not None
-                and self.parameter_server_workers is None and self.source.num_files <= 1
+                and self.parameter_server_workers is None
+                and (source.num_files <= 1 or source.orders_files or bool(self.cache)
+                     or source.caches_examples)
                 and (self.source.augment is None
                      or callable(getattr(self.source, "augment_with_seed", None))))
 
@@ -172,10 +176,12 @@ class DatasetFn:
 
         The copy yields exactly what this one yields after its first
         `batches` batches, without producing them: every pass over the data
-        has its own shuffle seed, so whole passes are skipped by starting at
-        the next pass, and within a pass the examples before the position are
-        drawn (decoded once if cached) but never augmented or batched. Use it
-        to resume training at a data position (`Trainer.fit` does).
+        has its own file order and shuffle seed, so whole passes are skipped
+        by starting at the next pass; within a pass the elements before the
+        position are drawn but never augmented or batched (raw records, never
+        decoded, for a source of one example per record; decoded examples for
+        the others, once if cached). Use it to resume training at a data
+        position (`Trainer.fit` does).
 
         Args:
             batches: global batches already consumed (an int >= 0).
@@ -232,27 +238,22 @@ class DatasetFn:
                     plan.describe(), batch_size, self.global_batch_size,
                     input_context.num_replicas_in_sync, source.describe())
 
-        dataset = source.read(plan, shuffle_files=self.training, seed=self.seed)
-        if self.parameter_server_workers:
-            # Called on each worker through ClusterCoordinator.create_per_worker_dataset,
-            # where the input context says one pipeline: shard by the worker's index.
-            dataset = dataset.shard(
-                self.parameter_server_workers,
-                tf.distribute.coordinator.experimental_get_current_worker_index())
-        dataset = dataset.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
-                              deterministic=True if source.keep_record_order else None)
-        dataset = source.to_examples(dataset)
-        if self.cache:
-            dataset = dataset.cache(self._cache_path(plan))
-        if self.can_position and _one_record_order(plan):
+        if self.can_position:
             examples_per_step = batch_size * (input_context.num_replicas_in_sync
                                               // input_context.num_input_pipelines)
-            dataset = self._passes(dataset, self.start_batch * examples_per_step)
+            dataset = self._passes(plan, self.start_batch * examples_per_step)
         else:
             if self.start_batch:
-                raise ValueError(
-                    f"{source.describe()} reads its files in a new order every pass: this "
-                    "pipeline cannot be started mid-stream; resume it by replaying.")
+                raise ValueError(f"{source.describe()}: this pipeline cannot be started "
+                                 "mid-stream (see DatasetFn.can_position).")
+            records = source.read(plan, shuffle_files=self.training, seed=self.seed)
+            if self.parameter_server_workers:
+                # Called on each worker through ClusterCoordinator.create_per_worker_dataset,
+                # where the input context says one pipeline: shard by the worker's index.
+                records = records.shard(
+                    self.parameter_server_workers,
+                    tf.distribute.coordinator.experimental_get_current_worker_index())
+            dataset = self._examples(records, plan)
             if self.training:
                 dataset = dataset.shuffle(self.shuffle_buffer, seed=self.seed,
                                           reshuffle_each_iteration=True)
@@ -266,20 +267,50 @@ class DatasetFn:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         return dataset.with_options(self._options())
 
-    def _passes(self, examples, skip):
+    def _examples(self, records, plan):
+        """The examples of `records`: decoded, regrouped by the source, cached if asked."""
+        source = self.source
+        dataset = records.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=True if source.keep_record_order else None)
+        dataset = source.to_examples(dataset)
+        if self.cache:
+            dataset = dataset.cache(self._cache_path(plan))
+        return dataset
+
+    def _passes(self, plan, skip):
         """The training stream of a positionable pipeline, `skip` examples in.
 
-        Pass p over `examples` is shuffled with its own seed (so pass p is the
-        same whether or not the passes before it were produced) and its
-        examples are augmented with a seed derived from (p, index in the
-        pass). Starting `skip` examples in starts at pass `skip // size` and
-        drops `skip % size` examples of it before augmentation.
+        Pass p reads the shard's files in an order of its own (when they are
+        not cached and more than one), shuffles its examples with its own
+        seed, and augments each with a seed of (p, index in the pass): pass p
+        is the same whether or not the passes before it were produced.
+        Starting `skip` examples in starts at pass `skip // size` and drops
+        `skip % size` elements of it, before augmentation, and before
+        decoding for a source of one example per record (`to_example`).
         """
+        source = self.source
+        seed = tf.constant(self.seed, tf.int64)
+        caches = bool(self.cache) or source.caches_examples
+        per_record = callable(source.to_example) and not caches
+        if caches or _one_record_order(plan):
+            records = source.read(plan)  # one order every pass (a cache keeps the first)
+            elements = records if per_record else self._examples(records, plan)
+
+            def unshuffled(pass_index):
+                return elements
+        else:
+            num_files = len(plan.files)
+
+            def unshuffled(pass_index):
+                order = tf.random.experimental.stateless_shuffle(
+                    tf.range(num_files), seed=tf.stack([seed, pass_index]))
+                records = source.read(plan, file_order=order)
+                return records if per_record else self._examples(records, plan)
+
         start_pass, offset = 0, skip
-        size = _pass_size(examples, skip) if skip else -1
+        size = _pass_size(unshuffled(tf.constant(0, tf.int64)), skip) if skip else -1
         if size > 0:
             start_pass, offset = divmod(skip, size)
-        seed = tf.constant(self.seed, tf.int64)
         buffer = self.shuffle_buffer
 
         def one_pass(pass_index):
@@ -287,17 +318,21 @@ class DatasetFn:
             # alone, not of `tf.random.set_seed` (a global seed would also make
             # TensorFlow compare this seed tensor with 0 in Python and fail).
             tf.compat.v1.get_default_graph().seed = None
-            order = examples.shuffle(buffer, seed=seed * _PASS_SEED_STRIDE + pass_index,
-                                     reshuffle_each_iteration=False)
-            return order.enumerate().map(lambda index, example: ((pass_index, index), example))
+            order = unshuffled(pass_index).shuffle(
+                buffer, seed=seed * _PASS_SEED_STRIDE + pass_index, reshuffle_each_iteration=False)
+            return order.enumerate().map(lambda index, element: ((pass_index, index), element))
 
         stream = tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
         if offset:
             stream = stream.skip(offset)
-        augment = getattr(self.source, "augment_with_seed", None)
-        if self.source.augment is None or augment is None:
+        if per_record:
+            decode, to_example = source.decode, source.to_example
+            stream = stream.map(lambda key, record: (key, to_example(decode(record))),
+                                num_parallel_calls=tf.data.AUTOTUNE)
+        augment = getattr(source, "augment_with_seed", None)
+        if source.augment is None or augment is None:
             return stream.map(lambda key, example: example)
-        augment_seed = tf.constant(getattr(self.source, "augment_seed", None) or 0, tf.int64)
+        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
 
         def augmented(key, example):
             pass_index, index = key
