@@ -5,6 +5,7 @@
     tfdist bench point ...        (one sweep point; run by `report`)
     tfdist bench parameter-server [--size tiny] [--batch 64] [--workers 2] [--ps 1] ...
     tfdist bench model-parallel [--size tiny] [--batch 32] [--micro-batches 4] [--steps N] ...
+    tfdist bench resume [--position 5000] [--sources shapes,text,...] ...
 
 TensorFlow is imported through `tfdist.runtime.tf_logging.import_tensorflow` once
 the flags are read, before any work: its C++ logging is quiet unless
@@ -22,7 +23,8 @@ from tfdist.bench.workloads import MODELS
 from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 
-SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune")
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune",
+               "resume")
 
 
 def _csv(allowed, name):
@@ -269,8 +271,8 @@ def run_engine_command(argv):
 
 
 def main(argv=None):
-    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|autotune]
-    ARGS`; returns the exit code.
+    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|autotune|
+    resume] ARGS`; returns the exit code.
 
     TensorFlow is imported quietly (`tfdist.runtime.tf_logging.import_tensorflow`)
     as soon as the flags are read, before any work; `--tf-log-level N`
@@ -313,6 +315,9 @@ def main(argv=None):
         if command == "model-parallel":
             from tfdist.bench.pipeline_bench import main as model_parallel_main
             return model_parallel_main(argv)
+        if command == "resume":
+            from tfdist.bench.resume_bench import main as resume_main
+            return resume_main(argv)
         return run_report_command(argv)
     except ValueError as error:
         print(f"tfdist bench {command}: error: {error}", file=sys.stderr)
