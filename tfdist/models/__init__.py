@@ -13,6 +13,8 @@ from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, deca
                                           no_decay_variables, sparse_label_smoothing_loss)
 from tfdist.models.sharded_embedding import ShardedEmbedding
 from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
+from tfdist.models.seq2seq import (SEQ2SEQ_SIZES, CrossAttentionDecoderBlock, EncoderBlock,
+                                   Seq2SeqConfig, build_seq2seq, seq2seq_config)
 from tfdist.models.transformer_lm import (
     TRANSFORMER_SIZES,
     TransformerConfig,
@@ -25,6 +27,12 @@ from tfdist.models.transformer_lm import (
 
 __all__ = [
     "RESNET_NAMES",
+    "SEQ2SEQ_SIZES",
+    "CrossAttentionDecoderBlock",
+    "EncoderBlock",
+    "Seq2SeqConfig",
+    "build_seq2seq",
+    "seq2seq_config",
     "SparseLabelSmoothingCrossentropy",
     "build_resnet",
     "decay_mask",
