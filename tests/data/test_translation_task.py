@@ -123,3 +123,16 @@ def test_bad_arguments_are_named(kwargs, message):
 def test_unknown_words_are_named():
     with pytest.raises(ValueError, match=r"\['zebra'\] are not in"):
         TRANSLATION_VOCABULARY.encode(["the", "zebra"])
+
+
+def test_source_feeds_the_distributed_input_pipeline():
+    import tensorflow as tf
+
+    from tfdist.data import distribute_dataset
+
+    source = TranslationTaskSource(num_examples=64, seed=0, max_source_words=10)
+    dataset = distribute_dataset(tf.distribute.get_strategy(), source, global_batch_size=16,
+                                 seed=0)
+    (source_ids, target_input_ids), target_output_ids = next(iter(dataset))
+    assert tuple(source_ids.shape) == (16, 10)
+    assert tuple(target_input_ids.shape) == tuple(target_output_ids.shape) == (16, 16)

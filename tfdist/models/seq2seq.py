@@ -145,7 +145,10 @@ class Seq2SeqConfig:
 
 
 SEQ2SEQ_SIZES = types.MappingProxyType({
-    # Learns the embedded translation task on 2 CPU cores in about a minute.
+    # Learns the embedded translation task on 2 CPU cores in about a minute: 200
+    # Adam steps of 64 pairs of at most 10 source words took 35-41 s on 2 busy
+    # cores and reached 0.81 greedy token accuracy (copying the source: 0.02);
+    # 300 steps on pairs of up to 20 words, 99 s and 0.90.
     "tiny": types.MappingProxyType(dict(
         num_encoder_layers=2, num_decoder_layers=2, d_model=64, num_heads=4, d_ff=256,
         dropout=0.0)),
