@@ -6,7 +6,7 @@ rendered from one sampled sentence structure, so every source sentence has
 exactly one reference translation:
 
     source: the big dog -s often chases a red cat near this house
-    target: ta dog' big' na house' ke nei often' cat' red' wo chases' ru
+    target: ta dog' big' na house' ke near' often' cat' red' wo chases' ru
 
 (primes stand for the target words, see `TRANSLATION_VOCABULARY`). The
 grammar of a sentence is one clause, or two joined by a conjunction:
@@ -190,7 +190,7 @@ class SentencePairs:
     Example:
 
     >>> pairs = generate_sentence_pairs(2, seed=0)
-    >>> len(pairs), pairs.source_words[0][:2] == TRANSLATION_VOCABULARY.decode(pairs.source_ids[0])[:2]
+    >>> len(pairs), list(pairs.source_words[0]) == TRANSLATION_VOCABULARY.decode(pairs.source_ids[0])
     (2, True)
     """
 
