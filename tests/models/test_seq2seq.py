@@ -129,6 +129,16 @@ def test_tied_embeddings_share_one_variable():
     assert np.abs(tied((SOURCE, np.ones((3, 4), np.int32))).numpy()).max() == 0.0
 
 
+@pytest.mark.parametrize("tie_embeddings", [False, True])
+def test_saved_model_loads_back_with_the_same_logits(tmp_path, tie_embeddings):
+    model = micro_model(source_vocab_size=24, tie_embeddings=tie_embeddings)
+    inputs = (SOURCE, np.array([[1, 5, 6, 0]] * 3, np.int32))
+    model.save(tmp_path / "seq2seq.keras")
+    loaded = keras.saving.load_model(tmp_path / "seq2seq.keras")
+    assert len(loaded.weights) == len(model.weights)
+    np.testing.assert_array_equal(loaded(inputs).numpy(), model(inputs).numpy())
+
+
 # ---------------------------------------------------------------- decoding
 
 
