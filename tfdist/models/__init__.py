@@ -13,6 +13,10 @@ from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, deca
                                           no_decay_variables, sparse_label_smoothing_loss)
 from tfdist.models.sharded_embedding import ShardedEmbedding
 from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
+from tfdist.models.decoding import (beam_search_decode, gnmt_length_penalty, greedy_decode,
+                                    sequence_scores)
+from tfdist.models.seq2seq import (SEQ2SEQ_SIZES, CrossAttentionDecoderBlock, EncoderBlock,
+                                   Seq2SeqConfig, build_seq2seq, seq2seq_config)
 from tfdist.models.transformer_lm import (
     TRANSFORMER_SIZES,
     TransformerConfig,
@@ -25,6 +29,16 @@ from tfdist.models.transformer_lm import (
 
 __all__ = [
     "RESNET_NAMES",
+    "SEQ2SEQ_SIZES",
+    "CrossAttentionDecoderBlock",
+    "EncoderBlock",
+    "Seq2SeqConfig",
+    "beam_search_decode",
+    "build_seq2seq",
+    "gnmt_length_penalty",
+    "greedy_decode",
+    "seq2seq_config",
+    "sequence_scores",
     "SparseLabelSmoothingCrossentropy",
     "build_resnet",
     "decay_mask",
