@@ -20,21 +20,17 @@ Example:
 
 import dataclasses
 import math
-import numbers
 import types
 
 import keras
 from keras import ops
 
+from tfdist.models.config_checks import check_transformer_fields, is_int
 from tfdist.models.layers import (GELU_FORMS, POSITION_EMBEDDINGS, PaddingMask,
                                   sinusoidal_position_table)
 
 _INT_FIELDS = ("source_vocab_size", "target_vocab_size", "source_max_len", "target_max_len",
                "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads", "d_ff")
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,26 +85,12 @@ class Seq2SeqConfig:
     gelu: str = "exact"
 
     def __post_init__(self):
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(
-                    f"Seq2SeqConfig.{name} must be an integer >= 1, got {value!r}.")
+        check_transformer_fields(self, _INT_FIELDS)
         for name in ("source_vocab_size", "target_vocab_size"):
             if getattr(self, name) < 2:
                 raise ValueError(
                     f"Seq2SeqConfig.{name} must be >= 2 (a pad id and at least one real "
                     f"token), got {getattr(self, name)}.")
-        if self.d_model % self.num_heads:
-            divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
-            raise ValueError(
-                f"Seq2SeqConfig.d_model={self.d_model} is not divisible by num_heads="
-                f"{self.num_heads}: every head gets d_model / num_heads dimensions. Head "
-                f"counts that divide {self.d_model}: {divisors}.")
-        if (not isinstance(self.dropout, numbers.Real) or isinstance(self.dropout, bool)
-                or not 0.0 <= self.dropout < 1.0):
-            raise ValueError(
-                f"Seq2SeqConfig.dropout must be a number in [0, 1), got {self.dropout!r}.")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(
                 f"Seq2SeqConfig.tie_embeddings must be True or False, got "
@@ -119,24 +101,11 @@ class Seq2SeqConfig:
                 f"source_vocab_size={self.source_vocab_size} != target_vocab_size="
                 f"{self.target_vocab_size}. Build one vocabulary for both languages, or set "
                 f"tie_embeddings=False.")
-        if self.position_embedding not in POSITION_EMBEDDINGS:
-            raise ValueError(
-                f"Seq2SeqConfig.position_embedding={self.position_embedding!r} is not "
-                f"supported; choose one of {list(POSITION_EMBEDDINGS)}.")
-        if (not isinstance(self.layer_norm_epsilon, numbers.Real)
-                or isinstance(self.layer_norm_epsilon, bool)
-                or not self.layer_norm_epsilon > 0):
-            raise ValueError(
-                f"Seq2SeqConfig.layer_norm_epsilon must be a number > 0, got "
-                f"{self.layer_norm_epsilon!r}.")
         smallest = min(self.source_vocab_size, self.target_vocab_size)
-        if not _is_int(self.pad_id) or not 0 <= self.pad_id < smallest:
+        if not is_int(self.pad_id) or not 0 <= self.pad_id < smallest:
             raise ValueError(
                 f"Seq2SeqConfig.pad_id must be an integer in [0, {smallest}) (below both "
                 f"vocabulary sizes), got {self.pad_id!r}.")
-        if self.gelu not in GELU_FORMS:
-            raise ValueError(
-                f"Seq2SeqConfig.gelu must be one of {list(GELU_FORMS)}, got {self.gelu!r}.")
 
     @property
     def head_dim(self):

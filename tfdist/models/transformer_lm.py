@@ -13,13 +13,12 @@ Example:
 """
 
 import dataclasses
-import numbers
 import types
 
 import keras
 
-from tfdist.models.layers import (POSITION_EMBEDDINGS, DecoderBlock, PaddingMask,
-                                  TokenAndPositionEmbedding)
+from tfdist.models.config_checks import check_transformer_fields, is_int
+from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 
 _INT_FIELDS = ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff")
 
@@ -67,53 +66,20 @@ class TransformerConfig:
     gelu: str = "exact"
 
     def __post_init__(self):
-        for name in _INT_FIELDS:
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be an integer >= 1, got {value!r}.")
+        check_transformer_fields(self, _INT_FIELDS)
         if self.vocab_size < 2:
             raise ValueError(
                 f"TransformerConfig.vocab_size must be >= 2 (a pad id and at least one "
                 f"real token), got {self.vocab_size}.")
-        if self.d_model % self.num_heads:
-            divisors = [h for h in range(1, min(self.d_model, 64) + 1)
-                        if self.d_model % h == 0]
-            raise ValueError(
-                f"TransformerConfig.d_model={self.d_model} is not divisible by "
-                f"num_heads={self.num_heads}: every head gets d_model / num_heads "
-                f"dimensions. Head counts that divide {self.d_model}: {divisors}.")
-        if (not isinstance(self.dropout, numbers.Real) or isinstance(self.dropout, bool)
-                or not 0.0 <= self.dropout < 1.0):
-            raise ValueError(
-                f"TransformerConfig.dropout must be a number in [0, 1), got "
-                f"{self.dropout!r}.")
-        if self.position_embedding not in POSITION_EMBEDDINGS:
-            raise ValueError(
-                f"TransformerConfig.position_embedding={self.position_embedding!r} is "
-                f"not supported; choose one of {list(POSITION_EMBEDDINGS)}.")
-        if (not isinstance(self.layer_norm_epsilon, numbers.Real)
-                or isinstance(self.layer_norm_epsilon, bool)
-                or not self.layer_norm_epsilon > 0):
-            raise ValueError(
-                f"TransformerConfig.layer_norm_epsilon must be a number > 0, got "
-                f"{self.layer_norm_epsilon!r}.")
-        if not _is_int(self.pad_id) or not 0 <= self.pad_id < self.vocab_size:
+        if not is_int(self.pad_id) or not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(
                 f"TransformerConfig.pad_id must be an integer in [0, vocab_size="
                 f"{self.vocab_size}), got {self.pad_id!r}.")
-        if self.gelu not in ("exact", "tanh"):
-            raise ValueError(
-                f"TransformerConfig.gelu must be 'exact' or 'tanh', got {self.gelu!r}.")
 
     @property
     def head_dim(self):
         """Width of each attention head, `d_model // num_heads`."""
         return self.d_model // self.num_heads
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 TRANSFORMER_SIZES = types.MappingProxyType({
@@ -313,7 +279,7 @@ def decoder_lm_flops_per_token(config, training=True, seq_len=None):
     _check_config(config)
     if seq_len is None:
         seq_len = config.max_len
-    if not _is_int(seq_len) or seq_len < 1:
+    if not is_int(seq_len) or seq_len < 1:
         raise ValueError(f"seq_len must be an integer >= 1 (or None), got {seq_len!r}.")
     forward = (2 * decoder_lm_matmul_params(config)
                + config.num_layers * 2 * 2 * seq_len * config.d_model)
