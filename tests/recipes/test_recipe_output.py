@@ -60,6 +60,16 @@ def recorded_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_mirrored_on_two_logical_devices_learns(recorded_run):
+    out = recorded_run["out"]
+    assert "mirrored: 2 replica(s) on 1 worker(s)" in out
+    assert "global 64, per replica 32" in out
+    assert "Throughput:" in out and "tokens/s" in out
+    first, last = final_metric(out, "loss")
+    assert last < 0.8 * first
+
+
+@pytest.mark.slow
 def test_default_run_shows_no_tensorflow_log_lines_and_short_epoch_lines(recorded_run):
     out = recorded_run["out"]
     tf_lines = [line for line in out.splitlines()

@@ -19,18 +19,6 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "40", "--validation-steps", "4", 
 
 
 @pytest.mark.slow
-def test_mirrored_on_two_logical_devices_learns():
-    result = run_recipe("transformer", ["--strategy", "mirrored", "--devices", "2", *SHORT])
-    assert result.returncode == 0, result.stdout[-4000:]
-    out = result.stdout
-    assert "mirrored: 2 replica(s) on 1 worker(s)" in out
-    assert "global 64, per replica 32" in out
-    assert "Throughput:" in out and "tokens/s" in out
-    first, last = final_metric(out, "loss")
-    assert last < 0.8 * first
-
-
-@pytest.mark.slow
 @pytest.mark.multiworker
 def test_two_workers_through_the_launcher_learn():
     # As a user runs it: nothing set about TensorFlow's logging.
