@@ -183,6 +183,30 @@ def test_decoding_refuses_bad_arguments():
         beam_search_decode(model, SOURCE)
 
 
+# ---------------------------------------------------------------- label smoothing
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_label_smoothed_masked_loss_is_the_smoothed_loss_over_real_tokens(jit_compile):
+    from tfdist.models import SparseLabelSmoothingCrossentropy
+
+    rng = np.random.default_rng(0)
+    targets = np.array([[5, 6, 7, 0, 0], [4, 3, 0, 0, 0]], np.int32)
+    logits = rng.normal(size=(2, 5, 9)).astype("float32")
+    loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, jit_compile=jit_compile)
+    per_token = np.asarray(loss.per_token(targets, logits))
+    real = targets != 0
+    expected = np.asarray(SparseLabelSmoothingCrossentropy(9, 0.1, reduction=None)(
+        targets[real], logits[real]))
+    np.testing.assert_allclose(per_token[real], expected, rtol=1e-5)
+    assert (per_token[~real] == 0).all()
+    np.testing.assert_allclose(float(loss(targets, logits)), expected.mean(), rtol=1e-5)
+    plain = MaskedSparseCategoricalCrossentropy(jit_compile=jit_compile)
+    assert float(plain(targets, logits)) < float(loss(targets, logits))
+    with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\), got 1.0"):
+        MaskedSparseCategoricalCrossentropy(label_smoothing=1.0)
+
+
 # ---------------------------------------------------------------- learning
 
 
