@@ -75,3 +75,39 @@ def test_print_config_shows_the_translation_defaults(capsys):
 def test_label_smoothing_of_one_is_refused_before_tensorflow(capsys):
     assert translation.main(["--label-smoothing", "1"]) == 2
     assert "--label-smoothing 1 leaves nothing" in capsys.readouterr().err
+
+
+def test_corpus_scores_and_the_copy_baseline():
+    from tfdist.data import TranslationTaskSource
+    from tfdist.recipes.translation_quality import copy_baseline_scores, corpus_scores
+
+    pairs = TranslationTaskSource(64, split="validation").pairs
+    perfect = corpus_scores(list(pairs.target_words), list(pairs.target_words))
+    assert perfect == {"bleu": pytest.approx(100.0), "chrf": pytest.approx(100.0)}
+    copying = copy_baseline_scores(TranslationTaskSource(64, split="validation"))
+    assert copying["bleu"] < 5 and copying["chrf"] < 20
+    with pytest.raises(ValueError, match="Got 1 hypotheses for 2 references"):
+        corpus_scores([["a"]], [["a"], ["b"]])
+
+
+def test_batched_decoding_equals_one_batch_and_examples_are_printed():
+    import keras
+
+    from tfdist.data import TranslationTaskSource
+    from tfdist.models import build_seq2seq, seq2seq_config
+    from tfdist.recipes.translation_quality import decode_sentences, example_lines
+
+    source = TranslationTaskSource(5, split="validation", max_source_words=8)
+    keras.utils.set_random_seed(0)
+    model = build_seq2seq(seq2seq_config("tiny", source.vocab_size, source.vocab_size,
+                                         source.source_length, source.target_length + 1))
+    length = source.target_length + 1
+    for beam_size in (1, 2):
+        whole = decode_sentences(model, source.source_ids, length, beam_size, batch_size=5)
+        batched = decode_sentences(model, source.source_ids, length, beam_size, batch_size=2)
+        assert whole.shape == (5, length)
+        assert batched.tolist() == whole.tolist()
+    text = example_lines(source.pairs.source_words, [["x"]] * 5, source.pairs.target_words, 2)
+    assert text.splitlines()[1] == "  output     x"
+    assert text.splitlines()[2] == "  reference  " + " ".join(source.pairs.target_words[0])
+    assert len(text.splitlines()) == 6

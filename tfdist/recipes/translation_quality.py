@@ -65,8 +65,29 @@ def _text(words):
     return words if isinstance(words, str) else " ".join(words)
 
 
+def sentence_decoder(model, max_length, beam_size=4, length_penalty=0.6):
+    """A `tf.function` from source ids `[B, S]` to output ids `[B, max_length]`: greedy
+    for `beam_size` 1, else beam search. Keep it to decode again without tracing again.
+
+    Example:
+
+    >>> decoder = sentence_decoder(model, max_length=19, beam_size=4)
+    >>> decode_sentences(model, source_ids, 19, decoder=decoder).shape[1]
+    19
+    """
+    import tensorflow as tf
+
+    from tfdist.models import beam_search_decode, greedy_decode
+
+    if beam_size == 1:
+        return tf.function(lambda source: greedy_decode(model, source, max_length))
+    return tf.function(lambda source: beam_search_decode(
+        model, source, beam_size=beam_size, length_penalty=length_penalty,
+        max_length=max_length))
+
+
 def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=0.6,
-                     batch_size=DECODE_BATCH_SIZE):
+                     batch_size=DECODE_BATCH_SIZE, decoder=None):
     """Decodes source id rows in batches: greedy for `beam_size` 1, else beam search.
 
     Runs where it is called (see the module docstring); each batch is
@@ -80,6 +101,8 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
         beam_size: 1 (greedy) or more.
         length_penalty: the GNMT alpha (beam search only).
         batch_size: sentences per decoder call.
+        decoder: a `sentence_decoder` of these settings to reuse, or None
+            for a new one.
 
     Returns:
         int32 array `[N, max_length]` of output ids (EOS, then pads).
@@ -91,14 +114,7 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
     """
     import tensorflow as tf
 
-    from tfdist.models import beam_search_decode, greedy_decode
-
-    if beam_size == 1:
-        decode = tf.function(lambda source: greedy_decode(model, source, max_length))
-    else:
-        decode = tf.function(lambda source: beam_search_decode(
-            model, source, beam_size=beam_size, length_penalty=length_penalty,
-            max_length=max_length))
+    decode = decoder or sentence_decoder(model, max_length, beam_size, length_penalty)
     source_ids = np.asarray(source_ids, np.int32)
     batch_size = max(1, min(batch_size, len(source_ids)))
     outputs = []
@@ -191,13 +207,18 @@ def translation_callback_class():
             self.print_fn = print_fn
             self.baseline = None
             self.last = None  # (scores, hypotheses as word lists)
+            self.decoder = None  # traced once, reused every epoch
 
         def evaluate(self):
             """Decodes the sentences and returns `(scores, hypotheses)`."""
             source, count = self.source, self.num_sentences
+            max_length = source.target_length + 1
+            if self.decoder is None:
+                self.decoder = sentence_decoder(self.translation_model, max_length,
+                                                self.beam_size, self.length_penalty)
             outputs = decode_sentences(self.translation_model, source.source_ids[:count],
-                                       source.target_length + 1, self.beam_size,
-                                       self.length_penalty)
+                                       max_length, self.beam_size, self.length_penalty,
+                                       decoder=self.decoder)
             hypotheses = [source.vocabulary.decode(row) for row in outputs]
             references = list(source.pairs.target_words[:count])
             return corpus_scores(hypotheses, references), hypotheses
