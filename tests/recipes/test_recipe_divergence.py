@@ -75,8 +75,10 @@ def test_two_workers_stop_at_the_same_step_and_keep_the_good_backup(tmp_path):
     first = launch([*args, "--epochs", "1"], workers=2, timeout=300)
     assert first.returncode == 0, first.stdout[-3000:]
     record = (model_dir / "config.yaml").read_bytes()
+    # The chief writes how the run ended after its peer has exited: the launcher's
+    # grace period must let it (the helper's 2 s ran out on a loaded machine).
     diverged = launch([*args, "--epochs", "2", "--learning-rate", "1e6"], workers=2,
-                      timeout=300)
+                      timeout=300, grace_period=30)
     assert diverged.returncode != 0, diverged.stdout[-3000:]
     # The loss is global: both workers judge the same values and stop at the same step
     # (they then meet in a barrier while the chief deletes the suspect backup: a worker

@@ -168,8 +168,8 @@ class DatasetFn:
                 and self.parameter_server_workers is None
                 and (source.num_files <= 1 or source.orders_files or bool(self.cache)
                      or source.caches_examples)
-                and (self.source.augment is None
-                     or callable(getattr(self.source, "augment_with_seed", None))))
+                and (source.augment is None
+                     or callable(getattr(source, "augment_with_seed", None))))
 
     def positioned(self, batches):
         """Returns a copy whose pipelines start after `batches` global batches.
@@ -242,10 +242,7 @@ class DatasetFn:
             examples_per_step = batch_size * (input_context.num_replicas_in_sync
                                               // input_context.num_input_pipelines)
             dataset = self._passes(plan, self.start_batch * examples_per_step)
-        else:
-            if self.start_batch:
-                raise ValueError(f"{source.describe()}: this pipeline cannot be started "
-                                 "mid-stream (see DatasetFn.can_position).")
+        else:  # (`positioned` refuses such a pipeline: it starts at batch 0)
             records = source.read(plan, shuffle_files=self.training, seed=self.seed)
             if self.parameter_server_workers:
                 # Called on each worker through ClusterCoordinator.create_per_worker_dataset,
@@ -329,9 +326,9 @@ class DatasetFn:
             decode, to_example = source.decode, source.to_example
             stream = stream.map(lambda key, record: (key, to_example(decode(record))),
                                 num_parallel_calls=tf.data.AUTOTUNE)
-        augment = getattr(source, "augment_with_seed", None)
-        if source.augment is None or augment is None:
+        if source.augment is None:
             return stream.map(lambda key, example: example)
+        augment = source.augment_with_seed  # `can_position` checked it is there
         augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
 
         def augmented(key, example):

@@ -39,8 +39,8 @@ class Source:
             the damaged data this source skipped (TFRecord sources built
             with `skip_corrupt_records=True`).
         orders_files: `read` honours a `file_order` (True when `read` takes
-            one, as the base class's does; TFDS sources, which read through
-            TFDS, say False).
+            one, as the base class's does; False for TFDS sources, whose
+            `read` lets TFDS order the shard files).
         to_example: None, or a method `to_example(decoded) -> example` for a
             source whose `to_examples` maps each decoded record to exactly one
             example and caches nothing: a positioned pipeline then skips

@@ -143,8 +143,6 @@ class TFDSSplit:
     ...         return self.read_split(plan, shuffle_files, seed).map(lambda e: e["text"])
     """
 
-    orders_files = False  # TFDS orders its shard files itself (`read_split`)
-
     @property
     def num_files(self):
         """Number of shard files of the split (0 when TFDS does not know it)."""

@@ -378,8 +378,7 @@ def _train(recipe, config, where):
     from tfdist.callbacks import (BackupAndResume, NanGuard, ProfilerWindow, ThroughputMeter,
                                   latest_backup, make_logging_callbacks)
     from tfdist.callbacks.preemption import PreemptionGuard
-    from tfdist.data import (describe_epoch_passes, distribute_dataset, make_dataset_fn,
-                             per_replica_batch_size)
+    from tfdist.data import describe_epoch_passes, distribute_dataset, make_dataset_fn
     from tfdist.distribute.strategy_factory import create_strategy
     from tfdist.distribute.introspection import describe_strategy
     from tfdist.training import Trainer
@@ -414,8 +413,8 @@ def _train(recipe, config, where):
     keras.utils.set_random_seed(config.seed)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
     # The pipeline function itself goes to fit, which distributes it and, when
-    # resuming, builds it at the data position instead of replaying it.
-    per_replica_batch_size(config.global_batch_size, strategy.num_replicas_in_sync)
+    # resuming, builds it at the data position instead of replaying it (the batch
+    # was checked above to split evenly over the replicas).
     train = make_dataset_fn(data.train, config.global_batch_size, training=True, **pipeline)
     validation = None
     if data.validation is not None:
