@@ -72,6 +72,10 @@ OPTIONS = [
     Option("validation_sentences", int, 256,
            "Validation sentence pairs: the validation loss and the BLEU/chrF decoding.",
            minimum=1, changes_step_speed=False),
+    Option("bleu_sentences", int, None,
+           "Validation sentences decoded for BLEU/chrF at each epoch end (default: all "
+           "--validation-sentences; 0: no decoding, no scores, no example translations).",
+           minimum=0, changes_step_speed=False),
     Option("beam_size", int, 4, "Beam width of the BLEU decoding; 1 decodes greedily.",
            minimum=1, changes_step_speed=False),
     Option("length_penalty", float, 0.6,
@@ -147,20 +151,35 @@ def task_options(config):
     return {"seed": config.seed, "max_source_words": config.max_source_words}
 
 
+def bleu_sentence_count(config):
+    """Validation sentences decoded for BLEU/chrF: `--bleu-sentences`, at most (and by
+    default) `--validation-sentences`; 0 turns the decoding off.
+
+    Example:
+
+    >>> bleu_sentence_count(parse_config(["--bleu-sentences", "500"], RECIPE.all_options()))
+    256
+    """
+    if config.bleu_sentences is None:
+        return config.validation_sentences
+    return min(config.bleu_sentences, config.validation_sentences)
+
+
 def build_data(config):
     """The embedded language pair's training and validation splits, and the BLEU/chrF
-    of copying the source on the validation sentences (the trivial baseline)."""
+    of copying the source on the decoded validation sentences (the trivial baseline)."""
     from tfdist.data import TranslationTaskSource
     from tfdist.recipes.translation_quality import copy_baseline_scores
 
     train = TranslationTaskSource(config.num_examples, split="train", **task_options(config))
     validation = TranslationTaskSource(config.validation_sentences, split="validation",
                                        **task_options(config))
-    baseline = copy_baseline_scores(validation)
+    count = bleu_sentence_count(config)
+    chance = copy_baseline_scores(validation, count) if count else {}
     return RecipeData(
         train=train, validation=validation, description=train.describe(),
         tokens_per_example=train.source_length + train.target_length + 1,
-        chance={"bleu": baseline["bleu"], "chrf": baseline["chrf"]},
+        chance=chance,
         info={"vocab_size": train.vocab_size, "source_length": train.source_length,
               "target_length": train.target_length + 1})
 
@@ -178,12 +197,17 @@ def build_model(config, data):
 
 
 def quality_callbacks(config, data, built, info):
-    """The `TranslationQuality` callback: BLEU/chrF each epoch on the chief, examples at the end."""
+    """The `TranslationQuality` callback: BLEU/chrF each epoch on the chief, examples at the
+    end; none with `--bleu-sentences 0`."""
     from tfdist.recipes.translation_quality import translation_callback_class
 
+    count = bleu_sentence_count(config)
+    if not count:
+        return []
     quality = translation_callback_class()
     return [quality(built.model, data.validation, beam_size=config.beam_size,
-                    length_penalty=config.length_penalty, is_chief=info.is_chief)]
+                    length_penalty=config.length_penalty, num_sentences=count,
+                    is_chief=info.is_chief)]
 
 
 def train_examples(config):

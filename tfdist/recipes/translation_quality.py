@@ -127,18 +127,20 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
     return np.concatenate(outputs) if outputs else np.zeros([0, max_length], np.int32)
 
 
-def copy_baseline_scores(source):
+def copy_baseline_scores(source, count=None):
     """BLEU and chrF of copying each source sentence as its translation (the trivial baseline).
 
     Args:
         source: a `tfdist.data.TranslationTaskSource` (its pairs' words).
+        count: score the first `count` sentences only (all if None).
 
     Example:
 
     >>> copy_baseline_scores(TranslationTaskSource(300, split="validation"))["bleu"] < 5
     True
     """
-    return corpus_scores(list(source.pairs.source_words), list(source.pairs.target_words))
+    return corpus_scores(list(source.pairs.source_words[:count]),
+                         list(source.pairs.target_words[:count]))
 
 
 def example_lines(source_words, hypotheses, references, count=3):
@@ -234,9 +236,7 @@ def translation_callback_class():
                 logs["val_bleu"] = scores["bleu"]
                 logs["val_chrf"] = scores["chrf"]
             if self.baseline is None:
-                self.baseline = corpus_scores(
-                    list(self.source.pairs.source_words[:self.num_sentences]),
-                    list(self.source.pairs.target_words[:self.num_sentences]))
+                self.baseline = copy_baseline_scores(self.source, self.num_sentences)
             how = ("greedy" if self.beam_size == 1
                    else f"beam {self.beam_size}, length penalty {self.length_penalty:g}")
             self.print_fn(
