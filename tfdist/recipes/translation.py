@@ -91,8 +91,9 @@ DEFAULTS = {
     "warmup_steps": 40,
     "schedule": "inverse_sqrt",
     "optimizer": "adam",
-    # Off by default: with XLA this model's training step took 11.8 s instead of
-    # 0.26 s on 2 CPU cores (TensorFlow 2.21; not investigated yet). --xla on still works.
+    # Off by default: the measured figures in docs/translation.md are without XLA.
+    # --xla on compiles the step once (about 15 s here) and then halves the tiny
+    # model's step time on 2 CPU cores (112 vs 232 ms).
     "xla": "off",
 }
 
