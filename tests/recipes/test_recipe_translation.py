@@ -2,6 +2,7 @@
 source, the examples, the run record), its refusal of --model-parallel, --print-config."""
 
 import glob
+import io
 import os
 import re
 
@@ -10,7 +11,7 @@ import yaml
 
 from helpers.recipe_util import run_recipe
 from tfdist.__main__ import main as tfdist_command
-from tfdist.recipes import translation
+from tfdist.recipes import translate, translation
 from tfdist.recipes.config import PACKAGED_CONFIGS, parse_config
 
 # The shipped default run (translation_tiny), shortened: one epoch of 96 steps of 64 pairs
@@ -22,9 +23,11 @@ SHORT = ["--config", os.path.join(PACKAGED_CONFIGS, "translation_tiny.yaml"), "-
 
 
 @pytest.mark.slow
-def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_path):
+def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_path, capsys,
+                                                                          monkeypatch):
     # The one subprocess run of the recipe (also the few-step run of the shipped
-    # translation_tiny config, see test_shipped_configs.RUN_ELSEWHERE).
+    # translation_tiny config, see test_shipped_configs.RUN_ELSEWHERE); then
+    # `tfdist translate` on the run, in-process.
     model_dir = str(tmp_path / "run")
     result = run_recipe("translation", [*SHORT, "--model-dir", model_dir], timeout=600)
     out = result.stdout
@@ -50,6 +53,29 @@ def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_pat
     assert record["outcome"] == "finished"
     with open(os.path.join(model_dir, "training_log.csv")) as stream:
         assert "val_bleu" in stream.readline()
+
+    # `tfdist translate` restores the model and vocabulary from the run directory alone
+    # and gives the printed examples (greedy, the run's --beam-size 1).
+    sources = [line.split(None, 1)[1] for line in lines[0::3]]
+    outputs = [line.split(None, 1)[1] if len(line.split()) > 1 else "" for line in lines[1::3]]
+    capsys.readouterr()
+    assert tfdist_command(["translate", "--model-dir", model_dir, *sources]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs
+    monkeypatch.setattr("sys.stdin", io.StringIO(sources[0] + "\n\n"))
+    assert translate.main(["--model-dir", model_dir]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs[:1]
+    assert translate.main(["--model-dir", model_dir, "the dog zzyzx"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "['zzyzx'] are not source words" in error[0], error
+
+
+def test_translate_refuses_a_directory_that_is_not_a_translation_run(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("options: {}\n")
+    assert translate.main(["--model-dir", str(tmp_path), "the dog sleeps"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert error[0].startswith(f"tfdist translate: error: {tmp_path} is not a translation run: "
+                               "it has no translation.json")
 
 
 def test_the_shipped_base_config_builds_the_papers_model_and_takes_a_training_step():

@@ -22,7 +22,8 @@ At the end of each epoch the chief decodes the validation sentences
 as `val_bleu` and `val_chrf` (CSV, TensorBoard, the results block, the run
 record in MODEL_DIR/runs/). The end of the run prints example translations
 beside their references; its scores are the last epoch's (the same weights,
-not decoded twice).
+not decoded twice). `tfdist translate --model-dir DIR` translates new
+sentences with a run (`tfdist.recipes.translate`).
 
 Every strategy of the language-model recipe runs through the same runner;
 `--model-parallel` (GPipe stages) is refused with the reason.
@@ -199,16 +200,22 @@ def build_model(config, data):
 
 def quality_callbacks(config, data, built, info):
     """The `TranslationQuality` callback: BLEU/chrF each epoch on the chief, examples at the
-    end; none with `--bleu-sentences 0`."""
+    end (none with `--bleu-sentences 0`); and, on the chief of a run with a `--model-dir`,
+    the writer of `translation.json` for `tfdist translate` (`tfdist.recipes.translate`)."""
+    from tfdist.recipes.translate import setup_writer_class, translation_setup
     from tfdist.recipes.translation_quality import translation_callback_class
 
+    callbacks = []
+    if config.model_dir and info.is_chief:
+        writer = setup_writer_class()
+        callbacks.append(writer(config.model_dir, translation_setup(config, data.info)))
     count = bleu_sentence_count(config)
-    if not count:
-        return []
-    quality = translation_callback_class()
-    return [quality(built.model, data.validation, beam_size=config.beam_size,
-                    length_penalty=config.length_penalty, num_sentences=count,
-                    is_chief=info.is_chief)]
+    if count:
+        quality = translation_callback_class()
+        callbacks.append(quality(built.model, data.validation, beam_size=config.beam_size,
+                                 length_penalty=config.length_penalty, num_sentences=count,
+                                 is_chief=info.is_chief))
+    return callbacks
 
 
 def train_examples(config):
