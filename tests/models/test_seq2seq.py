@@ -229,7 +229,8 @@ def test_an_xla_step_with_label_smoothing_takes_the_batch_as_a_parameter():
     # translation model. The step's HLO must take the id tensors as parameters.
     import re
 
-    model = micro_model(target_vocab_size=20, tie_embeddings=True)
+    model = micro_model(target_vocab_size=20, tie_embeddings=True, num_encoder_layers=1,
+                        num_decoder_layers=1)
     loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1)
 
     def gradients(source, target_in, target_out):

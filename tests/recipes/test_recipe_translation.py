@@ -188,7 +188,7 @@ def test_bleu_sentences_sets_how_many_validation_sentences_are_decoded():
     assert count(parse_config(["--bleu-sentences", "32"], options, "translation")) == 32
     assert count(parse_config(["--bleu-sentences", "999", "--validation-sentences", "8"],
                               options, "translation")) == 8
-    off = parse_config(["--bleu-sentences", "0", "--validation-sentences", "8"], options,
-                       "translation")
+    off = parse_config(["--bleu-sentences", "0", "--validation-sentences", "8",
+                        "--num-examples", "8"], options, "translation")
     assert translation.quality_callbacks(off, None, None, None) == []
     assert translation.build_data(off).chance == {}
