@@ -123,8 +123,8 @@ def test_model_parallel_is_refused_with_the_reason(capsys):
 
 
 def test_other_datasets_are_refused_by_name(capsys):
-    assert translation.main(["--dataset", "tfds:wmt14_translate/de-en"]) == 2
-    assert "--dataset tfds:wmt14_translate/de-en" in capsys.readouterr().err
+    assert translation.main(["--dataset", "tfrecord:/data/*.tfrecord"]) == 2
+    assert "--dataset: Dataset 'tfrecord:/data/*.tfrecord'" in capsys.readouterr().err
 
 
 def test_print_config_shows_the_translation_defaults(capsys):

@@ -6,7 +6,9 @@
 
 Everything comes from the run directory alone: the translation recipe writes
 `MODEL_DIR/translation.json` when training starts (the model's size and
-shape, the task's sentence lengths and the vocabulary), and the weights of
+shape, the task's sentence lengths and the vocabulary, or for text:/tfds:
+data the path of the run's subword tokenizer, MODEL_DIR/tokenizer/subword.model,
+which encodes the input and detokenises the output), and the weights of
 the newest epoch are `MODEL_DIR/checkpoints/epoch_NNN.weights.h5`. The
 sentences are the arguments, or the lines of standard input when there are
 none; one translation is printed per sentence, in order. Decoding is beam
@@ -53,7 +55,8 @@ def translation_setup(config, info):
             "tie_embeddings": config.tie_embeddings, "vocab_size": info["vocab_size"],
             "source_length": info["source_length"], "target_length": info["target_length"],
             "beam_size": config.beam_size, "length_penalty": config.length_penalty,
-            "vocabulary": list(TRANSLATION_VOCABULARY.words)}
+            "tokenizer": info.get("tokenizer"),
+            "vocabulary": None if info.get("tokenizer") else list(TRANSLATION_VOCABULARY.words)}
 
 
 def write_translation_setup(model_dir, setup):
@@ -117,7 +120,13 @@ def read_translation_setup(model_dir):
         setup = json.load(stream)
     if setup.get("format") != SETUP_FORMAT or setup.get("recipe") != "translation":
         raise NotATranslationRun(f"{path} is not a translation setup of format {SETUP_FORMAT}.")
-    if setup["vocabulary"] != list(TRANSLATION_VOCABULARY.words):
+    if setup.get("tokenizer"):
+        tokenizer_path = os.path.join(model_dir, setup["tokenizer"])
+        if not os.path.isfile(tokenizer_path):
+            raise NotATranslationRun(
+                f"{model_dir}'s {SETUP_FILE} names the subword tokenizer {tokenizer_path}, which "
+                "is missing; copy the run directory whole (tokenizer/ included).")
+    elif setup["vocabulary"] != list(TRANSLATION_VOCABULARY.words):
         raise NotATranslationRun(
             f"{path} was written with another vocabulary than this tfdist's embedded "
             "language pair; translate with the tfdist version that trained the run.")
@@ -147,9 +156,10 @@ def restore_translation_model(setup, weights_path):
     return built.model
 
 
-def encode_sentences(sentences, source_length):
-    """Source id rows `[N, source_length]` of sentences given as text (words split on
-    spaces, lower-cased).
+def encode_sentences(sentences, source_length, tokenizer=None):
+    """Source id rows `[N, source_length]` of sentences given as text: with the run's
+    subword `tokenizer` (`tfdist.data.subword.SubwordTokenizer`) for text:/tfds: runs, else
+    the embedded task's words (split on spaces, lower-cased).
 
     Raises:
         NotATranslationRun: a word outside the vocabulary, or too many words.
@@ -163,6 +173,15 @@ def encode_sentences(sentences, source_length):
 
     rows = []
     for sentence in sentences:
+        if tokenizer is not None:
+            ids = tokenizer.encode(sentence)
+            if not len(ids) or len(ids) > source_length:
+                raise NotATranslationRun(
+                    f"cannot translate {sentence!r}: " + (
+                        f"{len(ids)} subword tokens, the run's model reads at most "
+                        f"{source_length} (its --max-tokens)" if len(ids) else "it is empty"))
+            rows.append(ids)
+            continue
         words = sentence.lower().split()
         unknown = [word for word in words if word not in TRANSLATION_VOCABULARY.source_words]
         if unknown or not words:
@@ -200,12 +219,19 @@ def translate(model_dir, sentences, beam_size=None, length_penalty=None):
     from tfdist.recipes.translation_quality import decode_sentences
 
     setup, weights = read_translation_setup(model_dir)
-    source_ids = encode_sentences(sentences, setup["source_length"])
+    tokenizer = None
+    if setup.get("tokenizer"):
+        from tfdist.data.subword import SubwordTokenizer
+
+        tokenizer = SubwordTokenizer(os.path.join(model_dir, setup["tokenizer"]))
+    source_ids = encode_sentences(sentences, setup["source_length"], tokenizer)
     model = restore_translation_model(setup, weights)
     outputs = decode_sentences(
         model, source_ids, setup["target_length"],
         beam_size=setup["beam_size"] if beam_size is None else beam_size,
         length_penalty=setup["length_penalty"] if length_penalty is None else length_penalty)
+    if tokenizer is not None:
+        return [tokenizer.decode(row) for row in outputs]  # detokenised text
     return [" ".join(TRANSLATION_VOCABULARY.decode(row)) for row in outputs]
 
 

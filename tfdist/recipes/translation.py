@@ -82,6 +82,26 @@ OPTIONS = [
     Option("length_penalty", float, 0.6,
            "GNMT length penalty alpha of the beam search; 0 turns it off.", minimum=0.0,
            changes_step_speed=False),
+    Option("validation_dataset", str, None,
+           "Validation pairs of text:/tfds: data, text:SRC_FILE,TGT_FILE or tfds:NAME (default: "
+           "the TFDS dataset's validation split; for text files the last "
+           "--validation-sentences training pairs, held out)."),
+    Option("subword_vocab_size", int, 8000,
+           "Pieces of the joint source+target SentencePiece tokenizer of text:/tfds: data "
+           "(at most; trained once on the training split, saved in MODEL_DIR/tokenizer/).",
+           minimum=8),
+    Option("subword_model", str, "unigram", "SentencePiece model type of text:/tfds: data.",
+           choices=("unigram", "bpe")),
+    Option("max_tokens", int, 64,
+           "Longest source and target sentence of text:/tfds: data in subword tokens (longer "
+           "training pairs are skipped, longer validation sentences cut).", minimum=2),
+    Option("max_train_pairs", int, None,
+           "Read at most this many training pairs of text:/tfds: data (default: all).",
+           minimum=1, changes_step_speed=False),
+    Option("download", bool, False,
+           "Download and prepare a tfds: --dataset that is not prepared yet (into TFDS's "
+           "data_dir, $TFDS_DATA_DIR or ~/tensorflow_datasets); off: a clear error saying "
+           "how to prepare it.", changes_step_speed=False),
 ]
 
 DEFAULTS = {
@@ -101,6 +121,13 @@ DEFAULTS = {
 EPILOG = """\
 datasets (--dataset):
   embedded              the synthetic language pair, no download (default)
+  text:SRC_FILE,TGT_FILE
+                        line-aligned source and target sentences (UTF-8, one per line)
+  tfds:NAME             a prepared TFDS translation dataset, e.g. tfds:wmt14_translate/de-en
+                        (its supervised keys are source and target)
+  text: and tfds: data are tokenised by a SentencePiece model trained once on the
+  training split and saved in MODEL_DIR/tokenizer/ (reused on resume and by
+  `tfdist translate`).
 
 decoding and scores:
   each epoch the chief decodes --validation-sentences sentences with beam search
@@ -136,10 +163,19 @@ def check_config(config):
     """
     if config.model_parallel > 1:
         raise ConfigError(MODEL_PARALLEL_REASON.format(k=config.model_parallel))
-    if config.dataset not in EMBEDDED_DATASETS:
-        raise ConfigError(
-            f"--dataset {config.dataset}: the translation recipe reads the embedded language "
-            "pair only (--dataset embedded); TFDS and text-file data are not built yet.")
+    from tfdist.data.translation_pairs import parse_pair_spec
+
+    for flag, spec in (("--dataset", config.dataset),
+                       ("--validation-dataset", config.validation_dataset)):
+        if spec and spec not in EMBEDDED_DATASETS:
+            try:
+                parse_pair_spec(spec)
+            except ValueError as error:
+                raise ConfigError(f"{flag}: {error}") from error
+    if config.validation_dataset and config.dataset in EMBEDDED_DATASETS:
+        raise ConfigError(f"--validation-dataset {config.validation_dataset}: the embedded "
+                          "task has its own validation split; drop the flag or give a "
+                          "text:/tfds: --dataset.")
 
 
 def task_options(config):
@@ -168,8 +204,11 @@ def bleu_sentence_count(config):
 
 
 def build_data(config):
-    """The embedded language pair's training and validation splits, and the BLEU/chrF
-    of copying the source on the decoded validation sentences (the trivial baseline)."""
+    """The training and validation splits (the embedded language pair, or text:/tfds: data
+    through `build_pair_data`), and the BLEU/chrF of copying the source on the decoded
+    validation sentences (the trivial baseline)."""
+    if config.dataset not in EMBEDDED_DATASETS:
+        return build_pair_data(config)
     from tfdist.data import TranslationTaskSource
     from tfdist.recipes.translation_quality import copy_baseline_scores
 
@@ -184,6 +223,112 @@ def build_data(config):
         chance=chance,
         info={"vocab_size": train.vocab_size, "source_length": train.source_length,
               "target_length": train.target_length + 1})
+
+
+def read_pairs(spec, split, limit, download=False):
+    """`(sources, targets, name)` of a `text:SRC,TGT` or `tfds:NAME` dataset string
+    (`download`: prepare a TFDS dataset that is not prepared yet).
+
+    Example:
+
+    >>> sources, targets, name = read_pairs("text:train.de,train.en", "train", None)
+    """
+    from tfdist.data.translation_pairs import parse_pair_spec, read_text_pairs, read_tfds_pairs
+
+    scheme, argument = parse_pair_spec(spec)
+    if scheme == "text":
+        sources, targets = read_text_pairs(*argument)
+        return sources[:limit], targets[:limit], ",".join(argument)
+    sources, targets, _ = read_tfds_pairs(argument, split, download=download, limit=limit)
+    return sources, targets, f"{argument}[{split}]"
+
+
+def tokenizer_directory(config, say):
+    """MODEL_DIR/tokenizer, or a temporary directory (not kept) for a run without
+    --model-dir, which a multi-worker run refuses (its workers read the chief's tokenizer).
+
+    Example:
+
+    >>> tokenizer_directory(parse_config(["--model-dir", "runs/x"], RECIPE.all_options()), print)
+    'runs/x/tokenizer'
+    """
+    import os
+    import tempfile
+
+    from tfdist.data.subword import TOKENIZER_DIR
+    from tfdist.distribute.tf_config import parse_tf_config
+
+    if config.model_dir:
+        return os.path.join(config.model_dir, TOKENIZER_DIR)
+    cluster = parse_tf_config()
+    if cluster is not None and cluster.num_workers > 1:
+        raise ConfigError(
+            f"--dataset {config.dataset} in a multi-worker run needs --model-dir on storage every "
+            "worker sees: the chief trains the subword tokenizer into MODEL_DIR/tokenizer/ and "
+            "the other workers read it from there.")
+    directory = tempfile.mkdtemp(prefix="tfdist-tokenizer-")
+    say(f"No --model-dir: the subword tokenizer is trained into {directory} and not kept "
+        "with a run")
+    return directory
+
+
+def build_pair_data(config):
+    """text:/tfds: data: reads the pairs, loads or trains the run's subword tokenizer
+    (`tfdist.data.subword.load_or_train_tokenizer`: the chief trains it once on the
+    training split, the other workers wait for its file) and tokenises both splits once.
+
+    Example:
+
+    >>> data = build_pair_data(parse_config(["--dataset", "text:train.de,train.en",
+    ...                                      "--model-dir", "runs/x"], RECIPE.all_options()))
+    """
+    import os
+
+    from tfdist.data.subword import load_or_train_tokenizer
+    from tfdist.data.translation_pairs import SubwordPairsSource, parse_pair_spec
+    from tfdist.distribute.tf_config import parse_tf_config
+    from tfdist.recipes.translation_quality import copy_baseline_scores
+
+    cluster = parse_tf_config()
+    is_chief = cluster is None or cluster.is_chief
+    say = print if is_chief else (lambda *args, **kwargs: None)
+    count = config.validation_sentences
+    download = config.download
+    sources, targets, name = read_pairs(config.dataset, "train", config.max_train_pairs,
+                                        download)
+    if config.validation_dataset:
+        valid_sources, valid_targets, valid_name = read_pairs(
+            config.validation_dataset, "validation", count, download)
+    elif parse_pair_spec(config.dataset)[0] == "tfds":
+        valid_sources, valid_targets, valid_name = read_pairs(config.dataset, "validation", count,
+                                                              download)
+    else:
+        if len(sources) <= count:
+            raise ConfigError(
+                f"--dataset {config.dataset}: {len(sources)} pairs leave none for training after "
+                f"holding out --validation-sentences {count}; give --validation-dataset "
+                "text:SRC_FILE,TGT_FILE or fewer --validation-sentences.")
+        valid_sources, valid_targets = sources[-count:], targets[-count:]
+        sources, targets = sources[:-count], targets[:-count]
+        valid_name = f"{name} (the last {count} pairs, held out)"
+    directory = tokenizer_directory(config, say)
+    tokenizer = load_or_train_tokenizer(directory, sources + targets, config.subword_vocab_size,
+                                        config.subword_model, is_chief=is_chief, say=say)
+    length = config.max_tokens
+    train = SubwordPairsSource(sources, targets, tokenizer, length, length, split="train",
+                               name=name)
+    validation = SubwordPairsSource(valid_sources[:count], valid_targets[:count], tokenizer,
+                                    length, length, split="validation", drop_long=False,
+                                    name=valid_name)
+    bleu_count = bleu_sentence_count(config)
+    chance = copy_baseline_scores(validation, bleu_count) if bleu_count else {}
+    tokenizer_path = os.path.relpath(tokenizer.model_path, config.model_dir) \
+        if config.model_dir else None
+    return RecipeData(
+        train=train, validation=validation, description=train.describe(),
+        tokens_per_example=train.source_length + train.target_length + 1, chance=chance,
+        info={"vocab_size": train.vocab_size, "source_length": train.source_length,
+              "target_length": train.target_length + 1, "tokenizer": tokenizer_path})
 
 
 def build_model(config, data):
@@ -219,8 +364,9 @@ def quality_callbacks(config, data, built, info):
 
 
 def train_examples(config):
-    """Training sentence pairs, known before reading any data."""
-    return config.num_examples
+    """Training sentence pairs of the embedded task, known before reading any data
+    (None for text:/tfds: data)."""
+    return config.num_examples if config.dataset in EMBEDDED_DATASETS else None
 
 
 RECIPE = Recipe(
