@@ -8,7 +8,10 @@
 With no `--dataset` it trains on the embedded synthetic language pair
 (`tfdist.data.translation_task`: its own words, verb-final word order,
 adjectives after nouns, postpositions, agreement), which needs no
-download. The model is `tfdist.models.build_seq2seq` (pre-layer-norm,
+download; `--dataset text:SRC_FILE,TGT_FILE` and `tfds:NAME` read real
+pairs, tokenised by a SentencePiece model trained once on the training split
+and saved with the run (`tfdist.data.subword`, `tfdist.data.translation_pairs`).
+The model is `tfdist.models.build_seq2seq` (pre-layer-norm,
 source/target/output embeddings tied by default), trained with a
 label-smoothed cross-entropy over the non-pad target tokens and the
 inverse-square-root schedule with warmup; the metric is the masked token
@@ -149,8 +152,9 @@ MODEL_PARALLEL_REASON = (
 
 
 def check_config(config):
-    """Refuses what this recipe cannot do, before TensorFlow starts: `--model-parallel` > 1
-    and datasets other than the embedded task.
+    """Refuses what this recipe cannot do, before TensorFlow starts: `--model-parallel` > 1,
+    datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, and a
+    `--validation-dataset` beside the embedded task.
 
     Raises:
         ConfigError: naming the flag and the way out.
