@@ -12,33 +12,20 @@ import tensorflow as tf
 
 from helpers.compare import assert_same_weights
 from helpers.interrupt import Interrupted, InterruptAfterSteps
-from helpers.recorders import BatchRecorder
 from helpers.workers import seq2seq_common as s2s
 from helpers.workers import train_common as common
 from tfdist.callbacks.backup import BackupAndResume
 from tfdist.data import make_dataset_fn
 
-EXAMPLES = 32  # 4 global batches of 8 (a short last batch would trace the step again)
-DATA_SEED = 1  # a sample whose replicas hold different token counts in every full batch
-
-
-def train(strategy, data, epochs=2):
-    """Per-step losses and final weights of the seq2seq trained on `data`."""
-    model, trainer = s2s.seq2seq_trainer(strategy, s2s.translation_source(EXAMPLES, DATA_SEED))
-    recorder = BatchRecorder()
-    trainer.fit(data, epochs=epochs, callbacks=[recorder], verbose=0)
-    return recorder.values("loss"), common.weights_of(model)
-
 
 def test_two_replicas_train_the_seq2seq_like_one_device():
-    source = s2s.translation_source(EXAMPLES, DATA_SEED)
+    source = s2s.translation_source(s2s.EQUIVALENCE_EXAMPLES, s2s.EQUIVALENCE_SEED)
     # The two replicas of each full batch hold different numbers of real target tokens,
     # so a per-replica mean (instead of the global one) would train differently.
     counts = (source.target_output_ids != 0).reshape(4, 2, 4, -1).sum(axis=(2, 3))
     assert np.all(counts[:, 0] != counts[:, 1]), counts
-    data = source.read_all().batch(s2s.GLOBAL_BATCH)
-    one_losses, one_weights = train(tf.distribute.get_strategy(), data)
-    two_losses, two_weights = train(common.mirrored(2), data)
+    one_losses, one_weights = s2s.equivalence_run(tf.distribute.get_strategy())
+    two_losses, two_weights = s2s.equivalence_run(common.mirrored(2))
     assert len(one_losses) == 8
     np.testing.assert_allclose(two_losses, one_losses, rtol=1e-5, atol=1e-6)
     assert_same_weights(two_weights, one_weights)
@@ -50,8 +37,8 @@ def test_two_replicas_train_the_seq2seq_like_one_device():
 
 def test_seq2seq_resumed_mid_epoch_from_the_translation_pipeline_ends_bit_identical(tmp_path):
     """The recipe's input (`make_dataset_fn` over a `TranslationTaskSource`, shuffled with
-    a seed, repeated; one device, to keep the three fits short): stopped after 8 steps, resumed from the backup of step
-    6 (epoch 1 step 1), the run ends with the uninterrupted run's weights (max diff 0)."""
+    a seed, repeated; one device, to keep the three fits short): stopped after 8 steps,
+    resumed from the backup of step 6 (epoch 1 step 1), the run ends with the uninterrupted run's weights (max diff 0)."""
     source = s2s.translation_source(40)
     pipeline = make_dataset_fn(source, s2s.GLOBAL_BATCH, training=True, seed=0)
     assert pipeline.can_position

@@ -67,3 +67,36 @@ def seq2seq_trainer(strategy, source, seed=0, jit_loss=True, **trainer_kwargs):
                                                jit_compile=jit_loss)
     return model, Trainer(model, optimizer, loss, strategy=strategy, jit_compile=False,
                           **trainer_kwargs)
+
+
+EQUIVALENCE_EXAMPLES = 32  # 4 global batches of 8 (a short last batch would trace again)
+EQUIVALENCE_SEED = 1  # a sample whose 2 replicas hold different token counts in every batch
+
+
+class StepLosses(keras.callbacks.Callback):
+    """Records the logged loss at every training batch end, in `losses`.
+
+    Example: `trainer.fit(data, callbacks=[recorder := StepLosses()]); recorder.losses`
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def equivalence_run(strategy, epochs=2):
+    """`(per-step losses, final weights)` of the seq2seq trained under `strategy` on the
+    equivalence sample's global batches, in order (what one device, 2 replicas and 2
+    workers must agree on).
+
+    Example: `losses, weights = equivalence_run(tf.distribute.get_strategy())`
+    """
+    source = translation_source(EQUIVALENCE_EXAMPLES, EQUIVALENCE_SEED)
+    model, trainer = seq2seq_trainer(strategy, source)
+    recorder = StepLosses()
+    trainer.fit(source.read_all().batch(GLOBAL_BATCH), epochs=epochs, callbacks=[recorder],
+                verbose=0)
+    return recorder.losses, [np.array(w) for w in model.get_weights()]
