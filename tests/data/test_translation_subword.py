@@ -130,3 +130,13 @@ def test_tfds_translation_datasets_read_their_language_pair(name, tmp_path):
     source = SubwordPairsSource(sources, targets, tokenizer, 64, 64, name=name)
     assert source.num_examples + source.dropped == 12
     assert source.vocabulary.decode(source.source_ids[0]) == " ".join(sources[0].split())
+
+
+def test_a_multi_worker_run_of_real_data_needs_a_model_dir_every_worker_sees(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["localhost:1", "localhost:2"]},
+        "task": {"type": "worker", "index": 1}}))
+    config = parse_config(["--dataset", "text:a.de,a.en"], translation.RECIPE.all_options(),
+                          prog="t")
+    with pytest.raises(ConfigError, match="in a multi-worker run needs --model-dir"):
+        translation.tokenizer_directory(config, print)
