@@ -24,7 +24,7 @@ def test_two_replicas_train_the_seq2seq_like_one_device():
     # so a per-replica mean (instead of the global one) would train differently.
     counts = (source.target_output_ids != 0).reshape(4, 2, 4, -1).sum(axis=(2, 3))
     assert np.all(counts[:, 0] != counts[:, 1]), counts
-    one_losses, one_weights = s2s.equivalence_run(tf.distribute.get_strategy())
+    one_losses, one_weights = s2s.one_device_equivalence_run()
     two_losses, two_weights = s2s.equivalence_run(common.mirrored(2))
     assert len(one_losses) == 8
     np.testing.assert_allclose(two_losses, one_losses, rtol=1e-5, atol=1e-6)

@@ -10,8 +10,11 @@ process and the test process build exactly the same model.
     model, trainer = s2s.seq2seq_trainer(strategy, source)
 """
 
+import functools
+
 import keras
 import numpy as np
+import tensorflow as tf
 
 from tfdist.data import TranslationTaskSource
 from tfdist.models import MaskedSparseCategoricalCrossentropy, build_seq2seq, seq2seq_config
@@ -100,3 +103,13 @@ def equivalence_run(strategy, epochs=2):
     trainer.fit(source.read_all().batch(GLOBAL_BATCH), epochs=epochs, callbacks=[recorder],
                 verbose=0)
     return recorder.losses, [np.array(w) for w in model.get_weights()]
+
+
+@functools.lru_cache(maxsize=1)
+def one_device_equivalence_run():
+    """`equivalence_run` on the default strategy (one device), run once per process:
+    the 2-replica and the 2-worker tests compare with it (do not modify what it returns).
+
+    Example: `reference_losses, reference_weights = one_device_equivalence_run()`
+    """
+    return equivalence_run(tf.distribute.get_strategy())
