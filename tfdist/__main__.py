@@ -17,6 +17,10 @@ import sys
 COMMANDS = {
     "transformer": ("tfdist.recipes.transformer", "train the Transformer recipe"),
     "cnn": ("tfdist.recipes.cnn", "train the CNN (ResNet) recipe"),
+    "translation": ("tfdist.recipes.translation",
+                    "train the encoder-decoder translation recipe (BLEU, chrF)"),
+    "translate": ("tfdist.recipes.translate",
+                  "translate sentences with a trained translation run (--model-dir)"),
     "launch": ("tfdist.launch", "run a command as N local workers (+ M ps tasks)"),
     "bench": ("tfdist.bench", "benchmark and scaling report"),
     "doctor": ("tfdist.cli.doctor", "versions, build, devices, auto choices; checks all-reduce"),

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers.compare import assert_same_weights
 from helpers.mw import launch
 from tfdist.training import Trainer
 from helpers.workers import train_common as common
-from helpers.workers import train_worker
+from helpers.workers import seq2seq_common, train_worker
 from helpers.paths import WORKERS_DIR  # noqa: E402
 
 pytestmark = pytest.mark.multiworker
@@ -70,6 +71,19 @@ def test_xla_matches_no_xla_on_two_workers(run):
         for a, b in zip(common.load_weights(out / f"rank{r}_xla.npz"),
                         common.load_weights(out / f"rank{r}_sgd.npz"), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_two_workers_train_the_seq2seq_like_one_process(run):
+    """The translation recipe's encoder-decoder, its label-smoothed masked loss over
+    padded sentence pairs (uneven token counts per worker), 2 workers vs one device."""
+    out, _ = run
+    reference_losses, reference_weights = seq2seq_common.one_device_equivalence_run()
+    for r in (0, 1):
+        log = common.load_json(out / f"rank{r}_seq2seq.json")
+        assert log["replicas"] == 2
+        np.testing.assert_allclose(log["loss"], reference_losses, rtol=1e-5, atol=1e-6)
+        assert_same_weights(common.load_weights(out / f"rank{r}_seq2seq.npz"),
+                            reference_weights)
 
 
 def test_standard_callbacks_on_two_workers(run):

@@ -1,6 +1,6 @@
-"""The two models the recipes train and the benchmarks measure, each built
-with its loss, metrics and figures: a decoder language model and a ResNet
-image classifier.
+"""The models the recipes train and the benchmarks measure, each built
+with its loss, metrics and figures: a decoder language model, an
+encoder-decoder translation model and a ResNet image classifier.
 
 `tfdist.recipes.transformer` and `tfdist.recipes.cnn` call these with their
 flags; `tfdist.bench.workloads` calls them with a benchmark's sizes, so a
@@ -97,6 +97,51 @@ def build_language_model(model_size, vocab_size, sequence_length, *, dropout=Non
                      + (f", token embedding in {shards} shards (one per ps task)"
                         if shards > 1 else "")),
         flops_per_example=decoder_lm_flops_per_token(model_config, seq_len=length) * length)
+
+
+def build_translation_model(model_size, vocab_size, source_length, target_length, *,
+                            dropout=None, label_smoothing=0.1, tie_embeddings=True):
+    """The encoder-decoder Transformer of `model_size` for the data, its
+    label-smoothed masked loss and masked token accuracy.
+
+    Args:
+        model_size: a `SEQ2SEQ_SIZES` name ("tiny", "small", "base", "big").
+        vocab_size: the shared source/target id space of the data.
+        source_length: source tokens per example.
+        target_length: decoder positions per example (target words + 1).
+        dropout: the dropout rate; None for the size's (0 for "tiny").
+        label_smoothing: of the cross-entropy over non-pad targets, in [0, 1).
+        tie_embeddings: one embedding table for source, target and output.
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     built = build_translation_model("tiny", 237, source_length=20, target_length=31)
+    >>> built.description[:28]
+    "encoder-decoder 'tiny': 2+2 "
+    """
+    from tfdist.models import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
+                               build_seq2seq, seq2seq_config)
+
+    overrides = {"tie_embeddings": tie_embeddings}
+    if dropout is not None:
+        overrides["dropout"] = dropout
+    config = seq2seq_config(model_size, vocab_size, vocab_size, source_length, target_length,
+                            **overrides)
+    model = build_seq2seq(config)
+    params = model.count_params()
+    return BuiltModel(
+        model=model,
+        loss=MaskedSparseCategoricalCrossentropy(label_smoothing=label_smoothing),
+        metrics=[MaskedAccuracy(name="accuracy")],
+        description=(f"encoder-decoder '{model_size}': {config.num_encoder_layers}+"
+                     f"{config.num_decoder_layers} layers, d={config.d_model}, "
+                     f"{config.num_heads} heads, {params / 1e6:.2f} M params"
+                     + (", tied embeddings" if tie_embeddings else "")
+                     + (f", label smoothing {label_smoothing:g}" if label_smoothing else "")),
+        # About 6 FLOPs per parameter per token (forward and backward), over
+        # the source and target tokens: a rough figure for MFU.
+        flops_per_example=6.0 * params * (source_length + target_length))
 
 
 def build_image_classifier(model_name, num_classes, image_size, *, sync_bn=False,

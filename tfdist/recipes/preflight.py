@@ -42,6 +42,8 @@ def check_before_tensorflow(recipe, config):
         raise ConfigError(f"--all-reduce: {error}") from None
     check_cluster_resolver(config)
     check_model_parallel_flags(config)
+    if recipe.check_config is not None:
+        recipe.check_config(config)
     try:
         check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
     except ValueError as error:

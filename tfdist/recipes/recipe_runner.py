@@ -82,6 +82,15 @@ class Recipe:
             dataset), so that a warmup longer than the run is refused before
             TensorFlow starts.
         epilog: text after the flags in `--help`.
+        check_config: `config -> None`, raising `ConfigError` for flags
+            this recipe cannot honour (checked before TensorFlow starts,
+            also for `--print-config`); None for none.
+        callbacks: `(config, data, built, info) -> list` of the recipe's own
+            Keras callbacks (`info`: the `describe_strategy` of the run),
+            placed after the NaN and divergence guards and before the
+            backups and loggers, so that what they add to an epoch's logs
+            is written to the CSV, TensorBoard, the results block and the
+            run record; None for none.
 
     Example:
 
@@ -100,6 +109,8 @@ class Recipe:
     xla_blocker: Callable = None
     train_examples: Callable = None
     epilog: str = None
+    check_config: Callable = None
+    callbacks: Callable = None
 
     def main(self, argv=None):
         """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
@@ -450,6 +461,8 @@ def _train(recipe, config, where):
         # Right after NanGuard: a diverged step is never backed up, and
         # BackupAndResume keeps the last backup the guard saw healthy.
         callbacks.append(divergence_guard(config, backup_dir))
+    if recipe.callbacks is not None:
+        callbacks += recipe.callbacks(config, data, built, info)
     backup = None
     if backup_dir:
         backup = BackupAndResume(backup_dir, save_freq=config.backup_every or "epoch",
@@ -479,6 +492,8 @@ def _train(recipe, config, where):
         from tfdist.data import explain_data_loss
         raise explain_data_loss(error, [data.train, data.validation]) from error
     say(final_block(history, data, meter.summary))
+    if "history" in where:
+        where["history"].note_results(final_metrics(history))
     if getattr(trainer, "worker_steps", None):
         say("  steps per worker  " + ", ".join(
             f"worker {index}: {count}" for index, count in sorted(trainer.worker_steps.items())))
@@ -498,6 +513,20 @@ def _train(recipe, config, where):
         where["outcome"] = f"finished; {late} arrived after the last training step"
         print(finished_anyway_line(late), file=sys.stderr, flush=True)
     return exit_codes.FINISHED
+
+
+def final_metrics(history):
+    """The last epoch's model metrics of a fit's `History` (what the run record keeps).
+
+    Example:
+
+    >>> final_metrics(trainer.fit(...))
+    {'loss': 0.31, 'accuracy': 0.92, 'val_loss': 0.35, 'val_accuracy': 0.9}
+    """
+    from tfdist.callbacks.progress import model_metrics
+
+    return {name: float(values[-1])
+            for name, values in model_metrics(history.history).items() if values}
 
 
 def divergence_guard(config, backup_dir):

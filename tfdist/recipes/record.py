@@ -160,6 +160,7 @@ class RunHistory:
         path: the entry's file.
         record: `{"options": ..., "resolved": ..., "config_file": ...}`.
         backups: the backup names (`ckpt-N`) this run wrote.
+        results: the final model metrics noted (`note_results`), or None.
 
     Example:
 
@@ -173,6 +174,7 @@ class RunHistory:
         self.record = record
         self.backups = []
         self.finished = False
+        self.results = None
 
     @classmethod
     def start(cls, model_dir, values, resolved=None, config_file=None, run=None):
@@ -212,6 +214,20 @@ class RunHistory:
             return
         self._append(("backups:\n" if not self.backups else "") + f"- {name}\n")
         self.backups.append(name)
+
+    def note_results(self, metrics):
+        """Appends the run's final model metrics (name -> number), once, after its
+        last backup note (the runner calls it when `fit` has returned).
+
+        Example:
+
+        >>> entry.note_results({"loss": 0.31, "val_bleu": 41.2})
+        """
+        if not metrics or self.results is not None:
+            return
+        self.results = {name: round(float(value), 6) for name, value in metrics.items()}
+        self._append(yaml.safe_dump({"results": self.results}, sort_keys=False,
+                                    width=10**6))
 
     def finish(self, outcome, exit_code):
         """Appends how the run ended (once).

@@ -7,11 +7,13 @@ the requested phases with `tfdist.training.Trainer` and writes what it saw to
 * `sgd`: SGD, sample-weighted `"mean_with_sample_weight"` loss, binding
   global-norm clipping, short last batch; final weights and losses.
 * `xla`: the same with `jit_compile=True`.
+* `seq2seq`: the translation recipe's smallest encoder-decoder on padded sentence
+  pairs (`seq2seq_common.equivalence_run`); per-step losses and final weights.
 * `callbacks`: fit with validation data and standard Keras callbacks
   (per-rank paths; tfdist makes them write on the chief only), then evaluate
   and predict.
 
-Usage: python tests/helpers/workers/train_worker.py --out DIR [--phases sgd,xla,callbacks]
+Usage: python tests/helpers/workers/train_worker.py --out DIR [--phases sgd,xla,seq2seq,callbacks]
 """
 
 import argparse
@@ -27,6 +29,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import seq2seq_common  # noqa: E402
 import train_common as common  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
@@ -56,6 +59,13 @@ def phase_sgd(strategy, out, jit_compile=False, name="sgd"):
     np.savez(os.path.join(out, f"rank{rank()}_{name}.npz"), *common.weights_of(model))
     with open(os.path.join(out, f"rank{rank()}_{name}.json"), "w") as f:
         json.dump(history.history, f)
+
+
+def phase_seq2seq(strategy, out):
+    losses, weights = seq2seq_common.equivalence_run(strategy)
+    np.savez(os.path.join(out, f"rank{rank()}_seq2seq.npz"), *weights)
+    with open(os.path.join(out, f"rank{rank()}_seq2seq.json"), "w") as f:
+        json.dump({"loss": losses, "replicas": strategy.num_replicas_in_sync}, f)
 
 
 class TrainTestBatchRecorder(keras.callbacks.Callback):
@@ -116,20 +126,22 @@ def phase_callbacks(strategy, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--phases", default="sgd,xla,callbacks")
+    parser.add_argument("--phases", default="sgd,xla,seq2seq,callbacks")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ready = os.environ.get("TFDIST_READY_FILE")
     if ready:
         open(ready, "a").close()
     phases = args.phases.split(",")
-    allowed = {"sgd", "xla", "callbacks"}
+    allowed = {"sgd", "xla", "seq2seq", "callbacks"}
     if not set(phases) <= allowed:
         parser.error(f"--phases must be from {sorted(allowed)}, got {phases}")
     if "sgd" in phases:
         phase_sgd(strategy, args.out)
     if "xla" in phases:
         phase_sgd(strategy, args.out, jit_compile=True, name="xla")
+    if "seq2seq" in phases:
+        phase_seq2seq(strategy, args.out)
     if "callbacks" in phases:
         phase_callbacks(strategy, args.out)
     print(f"worker {rank()} done", flush=True)

@@ -1,0 +1,194 @@
+"""The translation recipe: one short run as a user runs it (BLEU far above copying the
+source, the examples, the run record), its refusal of --model-parallel, --print-config."""
+
+import glob
+import io
+import os
+import re
+
+import pytest
+import yaml
+
+from helpers.recipe_util import run_recipe
+from tfdist.__main__ import main as tfdist_command
+from tfdist.recipes import translate, translation
+from tfdist.recipes.config import PACKAGED_CONFIGS, parse_config
+
+# The shipped default run (translation_tiny), shortened: one epoch of 96 steps of 64 pairs
+# of sentences of at most 6 source words (the task's easy end), greedy decoding of 64
+# validation sentences.
+SHORT = ["--config", os.path.join(PACKAGED_CONFIGS, "translation_tiny.yaml"), "--epochs", "1",
+         "--num-examples", "6144", "--max-source-words", "6", "--warmup-steps", "20",
+         "--validation-sentences", "64", "--beam-size", "1", "--verbose", "2"]
+
+
+@pytest.mark.slow
+def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_path, capsys,
+                                                                          monkeypatch):
+    # The one subprocess run of the recipe (also the few-step run of the shipped
+    # translation_tiny config, see test_shipped_configs.RUN_ELSEWHERE); then
+    # `tfdist translate` on the run, in-process.
+    model_dir = str(tmp_path / "run")
+    result = run_recipe("translation", [*SHORT, "--model-dir", model_dir], timeout=600)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:]
+    assert "translation_tiny.yaml" in out, out[-4000:]
+    match = re.search(r"epoch 1: BLEU ([0-9.]+), chrF ([0-9.]+) on 64 validation sentences "
+                      r"\(greedy; copying the source: BLEU ([0-9.]+), chrF ([0-9.]+)\)", out)
+    assert match, out[-4000:]
+    bleu, chrf, copy_bleu, copy_chrf = map(float, match.groups())
+    # Measured: BLEU 29.4, chrF 47.8; copying the source: BLEU 0.3, chrF 10.4 (75 s on
+    # 2 cores shared with two other test runs).
+    assert bleu > 15 and bleu > copy_bleu + 10, out[-4000:]
+    assert chrf > copy_chrf + 15, out[-4000:]
+    examples = out.split("Example translations (3 of the validation sentences):\n")[1]
+    lines = examples.splitlines()[:9]
+    assert [line.split()[0] for line in lines] == ["source", "output", "reference"] * 3
+    assert re.search(r"^  val_bleu\s+[0-9.]+  \(chance: [0-9.]+\)$", out, re.MULTILINE), out
+    (entry,) = glob.glob(os.path.join(model_dir, "runs", "*.yaml"))
+    with open(entry) as stream:
+        record = yaml.safe_load(stream)
+    assert record["results"]["val_bleu"] == pytest.approx(bleu, abs=0.06)
+    assert record["results"]["val_chrf"] == pytest.approx(chrf, abs=0.06)
+    assert record["outcome"] == "finished"
+    with open(os.path.join(model_dir, "training_log.csv")) as stream:
+        assert "val_bleu" in stream.readline()
+
+    # `tfdist translate` restores the model and vocabulary from the run directory alone
+    # and gives the printed examples (greedy, the run's --beam-size 1).
+    sources = [line.split(None, 1)[1] for line in lines[0::3]]
+    outputs = [line.split(None, 1)[1] if len(line.split()) > 1 else "" for line in lines[1::3]]
+    capsys.readouterr()
+    assert tfdist_command(["translate", "--model-dir", model_dir, *sources]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs
+    monkeypatch.setattr("sys.stdin", io.StringIO(sources[0] + "\n\n"))
+    assert translate.main(["--model-dir", model_dir]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs[:1]
+    assert translate.main(["--model-dir", model_dir, "the dog zzyzx"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "['zzyzx'] are not source words" in error[0], error
+
+
+def test_translate_refuses_a_directory_that_is_not_a_translation_run(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("options: {}\n")
+    assert translate.main(["--model-dir", str(tmp_path), "the dog sleeps"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert error[0].startswith(f"tfdist translate: error: {tmp_path} is not a translation run: "
+                               "it has no translation.json")
+
+
+def test_the_shipped_base_config_builds_the_papers_model_and_takes_a_training_step():
+    """translation_base as shipped, in-process (a subprocess run of its 44 M-parameter
+    model spends over a minute tracing and writing checkpoints on 2 CPU cores): its
+    model, loss and optimizer from the recipe's own builders, one eager training step
+    (the second of the schedule) with its dropout on 2 short sentence pairs."""
+    import keras
+    import numpy as np
+
+    from tfdist.recipes.recipe_optimizer import build_recipe_optimizer
+
+    config = parse_config(["--config", os.path.join(PACKAGED_CONFIGS, "translation_base.yaml"),
+                           "--num-examples", "2", "--validation-sentences", "2",
+                           "--max-source-words", "4"],
+                          translation.RECIPE.all_options(), prog="translation")
+    translation.check_config(config)
+    assert (config.model_size, config.dropout, config.warmup_steps) == ("base", 0.1, 4000)
+    data = translation.build_data(config)
+    keras.utils.set_random_seed(0)
+    built = translation.build_model(config, data)
+    assert built.description.startswith("encoder-decoder 'base': 6+6 layers, d=512, 8 heads, ")
+    assert "tied embeddings, label smoothing 0.1" in built.description
+    optimizer = build_recipe_optimizer(config, 100_000, built)
+    built.model.compile(optimizer=optimizer, loss=built.loss, metrics=built.metrics,
+                        run_eagerly=True)
+    (source, target_in), target_out = next(iter(data.train.read_all().batch(2)))
+    before = [v.numpy() for v in built.model.trainable_variables]
+    optimizer.iterations.assign(1)  # the inverse-sqrt warmup's rate is 0 at step 0
+    logs = built.model.train_on_batch((source, target_in), target_out, return_dict=True)
+    assert np.isfinite(logs["loss"]) and logs["loss"] > 1.0
+    changed = [not np.array_equal(b, a.numpy())
+               for b, a in zip(before, built.model.trainable_variables, strict=True)]
+    assert sum(changed) > 0.9 * len(changed), changed
+
+
+def test_model_parallel_is_refused_with_the_reason(capsys):
+    assert translation.main(["--model-parallel", "2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1
+    assert error[0].startswith("python -m tfdist.recipes.translation: error: --model-parallel 2 ")
+    assert "cross-attention" in error[0] and "--strategy mirrored" in error[0]
+    assert tfdist_command(["translation", "--model-parallel", "2"]) == 2  # `tfdist translation`
+    assert "cross-attention" in capsys.readouterr().err
+
+
+def test_other_datasets_are_refused_by_name(capsys):
+    assert translation.main(["--dataset", "tfrecord:/data/*.tfrecord"]) == 2
+    assert "--dataset: Dataset 'tfrecord:/data/*.tfrecord'" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_translation_defaults(capsys):
+    assert translation.main(["--print-config", "--beam-size", "2"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    options = printed["options"]
+    assert options["model_size"] == "tiny"
+    assert options["schedule"] == "inverse_sqrt"
+    assert options["label_smoothing"] == 0.1
+    assert options["beam_size"] == 2 and options["length_penalty"] == 0.6
+    assert options["dataset"] == "embedded"
+    assert printed["resolved"]["xla"] is False
+
+
+def test_label_smoothing_of_one_is_refused_before_tensorflow(capsys):
+    assert translation.main(["--label-smoothing", "1"]) == 2
+    assert "--label-smoothing 1 leaves nothing" in capsys.readouterr().err
+
+
+def test_corpus_scores_and_the_copy_baseline():
+    from tfdist.data import TranslationTaskSource
+    from tfdist.recipes.translation_quality import copy_baseline_scores, corpus_scores
+
+    pairs = TranslationTaskSource(64, split="validation").pairs
+    perfect = corpus_scores(list(pairs.target_words), list(pairs.target_words))
+    assert perfect == {"bleu": pytest.approx(100.0), "chrf": pytest.approx(100.0)}
+    copying = copy_baseline_scores(TranslationTaskSource(64, split="validation"))
+    assert copying["bleu"] < 5 and copying["chrf"] < 20
+    with pytest.raises(ValueError, match="Got 1 hypotheses for 2 references"):
+        corpus_scores([["a"]], [["a"], ["b"]])
+
+
+def test_batched_decoding_equals_one_batch_and_examples_are_printed():
+    import keras
+
+    from tfdist.data import TranslationTaskSource
+    from tfdist.models import build_seq2seq, seq2seq_config
+    from tfdist.recipes.translation_quality import decode_sentences, example_lines
+
+    source = TranslationTaskSource(5, split="validation", max_source_words=8)
+    keras.utils.set_random_seed(0)
+    model = build_seq2seq(seq2seq_config("tiny", source.vocab_size, source.vocab_size,
+                                         source.source_length, source.target_length + 1))
+    length = source.target_length + 1
+    # Beam search (greedy decoding is batched the same way: the end-to-end run decodes
+    # greedily).
+    whole = decode_sentences(model, source.source_ids, length, beam_size=2, batch_size=5)
+    batched = decode_sentences(model, source.source_ids, length, beam_size=2, batch_size=2)
+    assert whole.shape == (5, length)
+    assert batched.tolist() == whole.tolist()
+    text = example_lines(source.pairs.source_words, [["x"]] * 5, source.pairs.target_words, 2)
+    assert text.splitlines()[1] == "  output     x"
+    assert text.splitlines()[2] == "  reference  " + " ".join(source.pairs.target_words[0])
+    assert len(text.splitlines()) == 6
+
+
+def test_bleu_sentences_sets_how_many_validation_sentences_are_decoded():
+    options = translation.RECIPE.all_options()
+    count = translation.bleu_sentence_count
+    assert count(parse_config([], options, "translation")) == 256
+    assert count(parse_config(["--bleu-sentences", "32"], options, "translation")) == 32
+    assert count(parse_config(["--bleu-sentences", "999", "--validation-sentences", "8"],
+                              options, "translation")) == 8
+    off = parse_config(["--bleu-sentences", "0", "--validation-sentences", "8",
+                        "--num-examples", "8"], options, "translation")
+    assert translation.quality_callbacks(off, None, None, None) == []
+    assert translation.build_data(off).chance == {}
