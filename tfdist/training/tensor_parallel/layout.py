@@ -1,0 +1,349 @@
+"""From a Keras `LayoutMap` to a per-layer tensor-parallel plan.
+
+A `keras.distribution.LayoutMap` maps variable-path patterns (regular
+expressions, matched in full against `variable.path` as Keras does) to
+layouts: one entry per axis of the variable, the name of a `DeviceMesh` axis
+where that axis is sharded, None where it is not. tfdist reads it as a
+description (it does not use Keras's TensorFlow `distribution_lib`, a
+"DO NOT USE" prototype) and turns it into a `ShardPlan`:
+
+* The tensor-parallel mesh axis is the one mesh axis with more than one
+  device; its size must be K (`tensor_parallel=K`). Axes of size 1 (a
+  `"batch"` axis of a keras-hub layout on one worker) read as None.
+* A `keras.layers.Dense` whose kernel `(in, out)` is laid out
+  `(None, "model")` is **column-parallel**: output channels split, shard i
+  holds kernel columns and bias entries `[i*out/K, (i+1)*out/K)`, computes
+  its share of the output (activation included) on device i.
+* A Dense laid out `("model", None)` is **row-parallel**: input channels
+  split, shard i holds kernel rows `[i*in/K, (i+1)*in/K)` and multiplies the
+  matching slice of the input on device i; the K partial products are summed
+  and the bias (not split) is added once after the sum.
+* A column-parallel Dense whose output feeds a row-parallel Dense directly
+  (the Megatron MLP pair `Dense(4d, gelu) -> Dense(d)`) hands its K output
+  shards over as they are: the pair costs one sum of partial products
+  forward (and one of input gradients backward), no gather in between.
+* Variables no layout entry matches (or whose layout shards nothing) are
+  replicated: one copy, on the first device.
+
+Anything a layout shards that tfdist cannot split is refused, naming the
+layer, the variable path and why: a layer that is not a plain Dense (the
+class is named; EinsumDense, attention, embeddings and convolutions are not
+split yet), a layer inside another layer (only the top-level layers of a
+Functional or Sequential model are split), a kernel sharded on both axes, a
+sharded axis that K does not divide, a row-parallel bias, a bias sharded
+without its kernel, and Dense features the split does not reproduce
+(regularisers, constraints, LoRA, quantisation).
+
+Example:
+
+    plan = plan_shards(model, layout_map, 2)
+    print(plan.describe())
+"""
+
+import dataclasses
+import re
+
+import keras
+
+from tfdist.seam import direct_sublayers
+from tfdist.training.model_parallel.stages import layer_graph
+from tfdist.training.tensor_parallel.layers import COLUMN, ROW
+
+
+class ShardLayoutError(ValueError):
+    """A layout asks for a split tfdist cannot do; the message names the layer, the path and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShard:
+    """How one layer is split.
+
+    Args:
+        layer: the layer's name.
+        style: `COLUMN` or `ROW`.
+        kernel_path: the kernel variable's path (`"up/kernel"`).
+        input_dim: the kernel's input channels.
+        units: the kernel's output channels.
+
+    Example:
+
+    >>> LayerShard("up", COLUMN, "up/kernel", 16, 64).describe(2)
+    'up  column-parallel  kernel (16, 64) -> 2 x (16, 32)'
+    """
+
+    layer: str
+    style: str
+    kernel_path: str
+    input_dim: int
+    units: int
+
+    def shard_shape(self, num_shards):
+        """The shape of one kernel shard.
+
+        Example:
+
+        >>> LayerShard("down", ROW, "down/kernel", 64, 16).shard_shape(2)
+        (32, 16)
+        """
+        if self.style == COLUMN:
+            return (self.input_dim, self.units // num_shards)
+        return (self.input_dim // num_shards, self.units)
+
+    def describe(self, num_shards):
+        """One line: layer, style, kernel shape and shard shape.
+
+        Example:
+
+        >>> LayerShard("down", ROW, "down/kernel", 64, 16).describe(2)
+        'down  row-parallel  kernel (64, 16) -> 2 x (32, 16)'
+        """
+        return (f"{self.layer}  {self.style}-parallel  kernel {(self.input_dim, self.units)} -> "
+                f"{num_shards} x {self.shard_shape(num_shards)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """Which layers of a model are split, and how, over K devices.
+
+    Args:
+        model_name: the model's name.
+        num_shards: K.
+        mesh_axis: the layout's tensor-parallel mesh axis name.
+        layers: the `LayerShard`s, in layer order.
+        unused_patterns: layout keys that matched no variable of the model.
+        devices: the K device names, or None before placement.
+
+    Example:
+
+    >>> plan = plan_shards(model, layout_map, 2)
+    >>> [(shard.layer, shard.style) for shard in plan.layers]
+    [('up', 'column'), ('down', 'row')]
+    """
+
+    model_name: str
+    num_shards: int
+    mesh_axis: str
+    layers: tuple
+    unused_patterns: tuple = ()
+    devices: tuple = None
+
+    def shard_of(self, layer_name):
+        """The `LayerShard` of `layer_name`, or None when that layer is replicated.
+
+        Example:
+
+        >>> plan.shard_of("up").style
+        'column'
+        """
+        return next((shard for shard in self.layers if shard.layer == layer_name), None)
+
+    def with_devices(self, devices):
+        """Returns the plan with shard i on `devices[i]`.
+
+        Example:
+
+        >>> plan.with_devices(["/device:CPU:0", "/device:CPU:1"]).devices
+        ('/device:CPU:0', '/device:CPU:1')
+        """
+        if len(devices) != self.num_shards:
+            raise ValueError(f"{self.num_shards} shards need {self.num_shards} devices, got "
+                             f"{list(devices)}.")
+        return dataclasses.replace(self, devices=tuple(devices))
+
+    def describe(self):
+        """Several lines: one per split layer, then the layout keys that matched nothing.
+
+        Example:
+
+        >>> print(plan.describe())
+        tensor_parallel=2 over mesh axis 'model' of 'mlp' (2 layers split)
+          up  column-parallel  kernel (16, 64) -> 2 x (16, 32)
+          down  row-parallel  kernel (64, 16) -> 2 x (32, 16)
+        """
+        lines = [f"tensor_parallel={self.num_shards} over mesh axis {self.mesh_axis!r} of "
+                 f"{self.model_name!r} ({len(self.layers)} layer"
+                 f"{'s' if len(self.layers) != 1 else ''} split)"]
+        lines += [f"  {shard.describe(self.num_shards)}" for shard in self.layers]
+        if self.unused_patterns:
+            lines.append(f"  layout keys matching no variable: {', '.join(self.unused_patterns)}")
+        return "\n".join(lines)
+
+
+def tensor_parallel_axis(layout_map, num_shards):
+    """The name of the layout's tensor-parallel mesh axis (the one with more than one device).
+
+    Args:
+        layout_map: a `keras.distribution.LayoutMap` with a `DeviceMesh`.
+        num_shards: K, which that axis's size must equal.
+
+    Raises:
+        ShardLayoutError: no mesh, no axis or several axes with more than one
+            device, or an axis size other than K.
+
+    Example:
+
+    >>> mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+    >>> tensor_parallel_axis(keras.distribution.LayoutMap(mesh), 2)
+    'model'
+    """
+    mesh = layout_map.device_mesh
+    if mesh is None:
+        raise ShardLayoutError(
+            "The LayoutMap has no DeviceMesh, so its axis names mean nothing. Build it as "
+            "keras.distribution.LayoutMap(keras.distribution.DeviceMesh((K,), ['model'], "
+            "devices=[...])).")
+    wide = [(name, size) for name, size in zip(mesh.axis_names, mesh.shape, strict=True)
+            if size > 1]
+    if len(wide) != 1 or wide[0][1] != num_shards:
+        raise ShardLayoutError(
+            f"tensor_parallel={num_shards} needs a DeviceMesh with exactly one axis of "
+            f"{num_shards} devices (the axis the layout shards over; axes of size 1 are "
+            f"ignored), got shape {tuple(mesh.shape)} with axes {list(mesh.axis_names)}. "
+            f"Use e.g. DeviceMesh(({num_shards},), ['model'], devices=[...]), or set "
+            "tensor_parallel to the size of the mesh's model axis.")
+    return wide[0][0]
+
+
+def plan_shards(model, layout_map, num_shards):
+    """Turns `layout_map` into the `ShardPlan` of `model` over K devices.
+
+    Args:
+        model: a built Functional or Sequential `keras.Model`.
+        layout_map: a `keras.distribution.LayoutMap` (variable-path pattern
+            -> layout; see the module docstring).
+        num_shards: K, an integer >= 2.
+
+    Returns:
+        A `ShardPlan` without devices (see `ShardPlan.with_devices`).
+
+    Raises:
+        TypeError: `layout_map` is not a `LayoutMap`.
+        ShardLayoutError: a split tfdist cannot do (the message names the
+            layer, the variable path and why); also a subclassed model
+            (`tfdist.training.model_parallel.stages.StageSplitError`, a
+            ValueError, from finding the layer graph).
+
+    Example:
+
+    >>> plan_shards(model, layout_map, 2).shard_of("down").style
+    'row'
+    """
+    if not isinstance(layout_map, keras.distribution.LayoutMap):
+        raise TypeError(
+            f"layout_map must be a keras.distribution.LayoutMap, got "
+            f"{type(layout_map).__name__}. Build one: layout_map = keras.distribution."
+            "LayoutMap(mesh); layout_map['up/kernel'] = (None, 'model').")
+    axis = tensor_parallel_axis(layout_map, num_shards)
+    sizes = dict(zip(layout_map.device_mesh.axis_names, layout_map.device_mesh.shape,
+                     strict=True))
+    graph = layer_graph(model)
+    owners = {}  # id(variable) -> the top-level layer that holds it
+    for layer in graph.operations:
+        for variable in getattr(layer, "weights", ()):
+            owners.setdefault(id(variable), layer)
+    used_patterns = set()
+    sharded = {}  # layer name -> {"kernel"/"bias": axes}
+    order = []
+    for variable in model.weights:
+        patterns = [p for p in layout_map if p == variable.path or re.fullmatch(p, variable.path)]
+        used_patterns.update(patterns)
+        layout = layout_map[variable.path]  # Keras refuses a path matched by several keys
+        if layout is None:
+            continue
+        axes = tuple(a if a is not None and sizes.get(a, 1) > 1 else None for a in layout.axes)
+        if axis not in axes:
+            continue
+        layer = owners.get(id(variable))
+        role = _dense_role(layer, variable, model)
+        if layer.name not in sharded:
+            sharded[layer.name] = {}
+            order.append(layer)
+        sharded[layer.name][role] = axes
+    shards = tuple(_layer_shard(layer, sharded[layer.name], axis, num_shards) for layer in order)
+    unused = tuple(p for p in layout_map if p not in used_patterns)
+    return ShardPlan(model_name=model.name, num_shards=num_shards, mesh_axis=axis,
+                     layers=shards, unused_patterns=unused)
+
+
+def _dense_role(layer, variable, model):
+    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
+    if layer is None:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r}, which belongs to no top-level "
+            f"layer of the model {model.name!r}.")
+    inner = next((sub for sub in direct_sublayers(layer)
+                  if any(v is variable for v in sub.weights)), None)
+    if inner is not None:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r}, which belongs to a layer "
+            f"inside the layer {layer.name!r} ({type(layer).__name__}): tfdist splits only "
+            "the top-level Dense layers of a Functional or Sequential model so far. Drop "
+            "that entry from the layout, or build the model with those Dense layers at its "
+            "top level.")
+    if type(layer) is not keras.layers.Dense:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the layer {layer.name!r}, "
+            f"a {type(layer).__name__}: tfdist splits only keras.layers.Dense so far "
+            "(EinsumDense, attention, embeddings and convolutions are not split yet). Drop "
+            "that entry from the layout (the layer then runs replicated).")
+    why = None
+    if getattr(layer, "lora_enabled", False):
+        why = "it has LoRA enabled"
+    elif getattr(layer, "quantization_mode", None):
+        why = f"it is quantized ({layer.quantization_mode})"
+    else:
+        for name in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                     "kernel_constraint", "bias_constraint"):
+            if getattr(layer, name, None) is not None:
+                why = f"it has a {name} (not split yet)"
+                break
+    if why:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the Dense layer "
+            f"{layer.name!r}, but {why}. Remove that from the layer, or drop the layer's "
+            "entries from the layout.")
+    if variable is layer.kernel:
+        return "kernel"
+    if layer.use_bias and variable is layer.bias:
+        return "bias"
+    raise ShardLayoutError(f"The variable {variable.path!r} of the Dense layer {layer.name!r} is "
+                           "neither its kernel nor its bias.")
+
+
+def _layer_shard(layer, roles, axis, num_shards):
+    """The `LayerShard` of a Dense from the layouts of its kernel and bias."""
+    kernel = layer.kernel
+    input_dim, units = (int(d) for d in kernel.shape)
+    path = kernel.path
+    if "kernel" not in roles:
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the Dense layer {layer.name!r} "
+            f"but not its kernel {path!r}: a bias is split only with its kernel. Lay out the "
+            f"kernel as (None, {axis!r}) (column-parallel), or drop the bias entry.")
+    axes = roles["kernel"]
+    if len(axes) != 2:
+        raise ShardLayoutError(
+            f"The layout of {path!r} (layer {layer.name!r}) has {len(axes)} axes, but the "
+            f"kernel has 2 (in, out): use (None, {axis!r}) or ({axis!r}, None).")
+    if axes == (axis, axis):
+        raise ShardLayoutError(
+            f"The layout of {path!r} (layer {layer.name!r}) shards both kernel axes over "
+            f"{axis!r}; shard one: (None, {axis!r}) splits the output channels, "
+            f"({axis!r}, None) the input channels.")
+    style = COLUMN if axes[1] == axis else ROW
+    size, what = (units, "output channels") if style == COLUMN else (input_dim, "input channels")
+    if size % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {what} of {path!r} (layer {layer.name!r}, kernel "
+            f"{(input_dim, units)}) over {num_shards} devices, but {size} does not divide by "
+            f"{num_shards}. Use a tensor_parallel that divides {size}, change the layer's "
+            "width, or drop it from the layout.")
+    bias = roles.get("bias")
+    if style == ROW and bias is not None:
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the row-parallel Dense layer "
+            f"{layer.name!r}: a row-parallel layer adds its bias once, after summing the "
+            "partial products, so the bias is not split. Lay it out as (None,) or drop "
+            "its entry.")
+    return LayerShard(layer=layer.name, style=style, kernel_path=path, input_dim=input_dim,
+                      units=units)

@@ -1,0 +1,220 @@
+"""Building the split model from the user's model, and the Trainer's tensor-parallel checks.
+
+`split_model` clones a Functional or Sequential model
+(`keras.models.clone_model`) with every layer the plan names replaced by a
+`ShardedDense` whose shards sit on the plan's devices, and copies the
+original weights in (each shard its slice), so the split model starts from
+the very same weights. Replicated layers are plain clones; their variables
+and their computation are on the first device (TensorFlow's default device,
+where ops without a device run). `gather_weights` copies the trained weights
+back into the original model (each split kernel gathered from its shards).
+
+The original model keeps its full weights (it is the source of the split);
+for a model too big for one accelerator, build it on the host
+(`with tf.device("/cpu:0"):`), so only the split model's shards occupy the
+accelerators.
+
+Example:
+
+    plan = plan_shards(model, layout_map, 2).with_devices(shard_devices(2))
+    split = split_model(model, plan)
+    ...
+    gather_weights(split, model)
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist.seam import model_compile_config
+from tfdist.training.tensor_parallel.layers import ShardedDense
+from tfdist.runtime.argtypes import check_int_at_least
+
+
+class ShardPlacementError(RuntimeError):
+    """This worker has fewer devices than the tensor-parallel degree asks for."""
+
+
+def shard_devices(num_shards):
+    """The K devices of this worker that the K shards live on: GPU i (else CPU i).
+
+    Without GPUs the CPU must have been split into K logical devices before
+    TensorFlow started (`tfdist.distribute.devices.split_cpu_into_logical_devices(K)`).
+
+    Raises:
+        ShardPlacementError: fewer than K devices (the message says how to get them).
+
+    Example:
+
+    >>> shard_devices(2)
+    ['/device:CPU:0', '/device:CPU:1']
+    """
+    device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    found = tf.config.list_logical_devices(device_type)
+    if len(found) < num_shards:
+        way_out = (f"make {num_shards} GPUs visible (CUDA_VISIBLE_DEVICES)"
+                   if device_type == "GPU" else
+                   f"split the CPU into {num_shards} logical devices before TensorFlow starts: "
+                   f"tfdist.distribute.devices.split_cpu_into_logical_devices({num_shards}) at "
+                   "the top of the program")
+        raise ShardPlacementError(
+            f"tensor_parallel={num_shards} needs {num_shards} {device_type} devices on this "
+            f"worker, one per shard, but it has {len(found)}: {[d.name for d in found]}. Use "
+            f"tensor_parallel <= {max(len(found), 1)}, or {way_out}.")
+    return [f"/device:{device_type}:{index}" for index in range(num_shards)]
+
+
+def split_model(model, plan):
+    """The model with the plan's layers split over the plan's devices, same weights.
+
+    Args:
+        model: the built Functional or Sequential `keras.Model` the plan was made for.
+        plan: a `ShardPlan` with devices.
+
+    Returns:
+        A new, uncompiled `keras.Model` (same layer names; split layers are
+        `ShardedDense`).
+
+    Example:
+
+    >>> split = split_model(model, plan)
+    >>> split.get_layer("up").kernels[1].value.device
+    '/job:localhost/replica:0/task:0/device:CPU:1'
+    """
+    if plan.devices is None:
+        raise ValueError("The plan has no devices yet: plan.with_devices(shard_devices(K)).")
+
+    def clone(layer):
+        shard = plan.shard_of(layer.name)
+        if shard is None:
+            return layer.__class__.from_config(layer.get_config())
+        return ShardedDense.from_dense(layer, shard.style, plan.devices)
+
+    with tf.device(plan.devices[0]):
+        split = keras.models.clone_model(model, clone_function=clone)
+    for original, copy in _layer_pairs(model, split):
+        if isinstance(copy, ShardedDense):
+            copy.load_full_weights(original.kernel, original.bias if original.use_bias else None)
+        else:
+            copy.set_weights(original.get_weights())
+    return split
+
+
+def gather_weights(split, model):
+    """Copies the split model's weights into `model` (split kernels gathered from their shards).
+
+    Example:
+
+    >>> trainer.fit(x, y)            # trains trainer.model, the split model
+    >>> gather_weights(trainer.model, model)
+    """
+    for original, copy in _layer_pairs(model, split):
+        if isinstance(copy, ShardedDense):
+            original.set_weights(copy.full_weights())
+        else:
+            original.set_weights(copy.get_weights())
+
+
+def _layer_pairs(model, split):
+    originals = {layer.name: layer for layer in model.layers}
+    return [(originals[layer.name], layer) for layer in split.layers if layer.weights]
+
+
+def compile_like(split, model):
+    """Compiles `split` with the arguments of `model`'s last `compile()`.
+
+    The optimizer object is shared, so it must not be built yet: its slot
+    variables are created later, next to each shard.
+
+    Example:
+
+    >>> compile_like(split, model)
+    >>> split.optimizer is model.optimizer
+    True
+    """
+    config = model_compile_config(model)
+    if config is None:
+        raise ValueError(f"The model {model.name!r} is not compiled; compile it (or give the "
+                         "Trainer optimizer= and loss=) before splitting it.")
+    split.compile(**dict(config.config))
+
+
+def check_tensor_parallel_arguments(tensor_parallel, layout_map):
+    """Validates `tensor_parallel` and `layout_map`; returns `tensor_parallel` as an int.
+
+    Raises:
+        ValueError: not an integer >= 1, K > 1 without a layout map, or a
+            layout map with K = 1.
+
+    Example:
+
+    >>> check_tensor_parallel_arguments(1, None)
+    1
+    """
+    check_int_at_least("tensor_parallel", tensor_parallel, 1)
+    if tensor_parallel > 1 and layout_map is None:
+        raise ValueError(
+            f"tensor_parallel={tensor_parallel} needs layout_map=, a keras.distribution."
+            "LayoutMap saying which kernels to split (e.g. layout_map['up/kernel'] = (None, "
+            "'model'); layout_map['down/kernel'] = ('model', None)).")
+    if tensor_parallel == 1 and layout_map is not None:
+        raise ValueError(
+            "layout_map= splits layers over devices only with tensor_parallel=K > 1 (K, the "
+            "size of the layout's model axis); got tensor_parallel=1.")
+    return int(tensor_parallel)
+
+
+def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_parallel,
+                                   jit_compile, grad_accum_steps):
+    """Refuses, by name and with the way out, what tensor parallelism cannot do yet.
+
+    Raises:
+        ValueError: model_parallel > 1, a strategy other than the default
+            one, XLA, gradient accumulation, a mixed-precision model, an
+            unbuilt model, or an optimizer that is already built.
+
+    Example:
+
+    >>> check_tensor_parallel_settings(model, tf.distribute.get_strategy(), tensor_parallel=2,
+    ...                                model_parallel=1, jit_compile=False, grad_accum_steps=1)
+    """
+    k = tensor_parallel
+    if model_parallel > 1:
+        raise ValueError(
+            f"tensor_parallel={k} with model_parallel={model_parallel} (stages that are "
+            "themselves split) is not supported yet. Use one of them.")
+    if strategy.num_replicas_in_sync > 1 or isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                       tf.distribute.experimental.ParameterServerStrategy,
+                       tf.distribute.OneDeviceStrategy)):
+        raise ValueError(
+            f"tensor_parallel={k} runs under the default strategy on one worker so far, got "
+            f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s): "
+            "data parallelism on top of the split (across workers or devices) is not "
+            "supported yet. Create the model outside any strategy scope and pass no "
+            "strategy.")
+    if jit_compile:
+        raise ValueError(
+            f"jit_compile=True is not supported with tensor_parallel={k} yet: XLA compiles "
+            "one function for one device, while each shard runs on its own device. Pass "
+            "jit_compile=False.")
+    if grad_accum_steps > 1:
+        raise ValueError(
+            f"grad_accum_steps={grad_accum_steps} is not supported with tensor_parallel={k} "
+            "yet. Raise the batch size instead.")
+    policy = model.dtype_policy.name
+    if policy != "float32":
+        raise ValueError(
+            f"The model {model.name!r} has the dtype policy {policy!r}; tensor_parallel={k} "
+            "supports float32 only so far (mixed bfloat16 / float16 with loss scaling are not "
+            "verified). Build the model under keras.mixed_precision.set_global_policy("
+            "'float32').")
+    if not model.built:
+        raise ValueError(
+            f"The model {model.name!r} is not built; tensor_parallel={k} splits a built "
+            "Functional or Sequential model. Start it with keras.Input(shape).")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        raise ValueError(
+            f"The optimizer {optimizer.name!r} is already built (its slot variables belong "
+            f"to the unsplit weights). Give the tensor_parallel={k} Trainer a fresh optimizer "
+            "(model.compile(optimizer=...) or Trainer(optimizer=...)).")
