@@ -1,0 +1,229 @@
+"""Tensor parallelism (`Trainer(tensor_parallel=K, layout_map=...)`) on the session's 2 logical CPUs.
+
+A Functional model whose Dense layers a hand-written Keras `LayoutMap`
+splits by channels must train exactly like one device (plain Trainer,
+default strategy, SGD, float32, same initial weights): losses, gradients of
+every shard, global-norm clipping, final weights. Each device must hold 1/K
+of the split kernels (and their optimizer slots); splits tfdist cannot do
+are refused naming the layer.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.training import Trainer
+from tfdist.training.model_parallel.placement import variable_bytes_by_device
+from tfdist.training.tensor_parallel.layers import ShardedDense
+from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
+from tfdist.training.tensor_parallel.split import shard_devices, split_model
+
+RTOL, ATOL = 1e-5, 1e-5
+FEATURES, CLASSES, ROWS, BATCH = 12, 5, 64, 16
+
+
+def mlp(optimizer=None, seed=3):
+    """Input -> [up (column) -> down (row)] Megatron pair + skip -> [wide (column) ->
+    Activation layer -> narrow (row)] -> head (replicated)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,), name="features")
+    hidden = keras.layers.Dense(32, activation="gelu", name="up")(inputs)
+    back = keras.layers.Dense(FEATURES, name="down")(hidden)
+    mixed = keras.layers.Add(name="skip")([back, inputs])
+    wide = keras.layers.Dense(16, name="wide")(mixed)
+    wide = keras.layers.Activation("tanh", name="tanh")(wide)  # the row layer slices here
+    narrow = keras.layers.Dense(8, activation="relu", name="narrow")(wide)
+    logits = keras.layers.Dense(CLASSES, name="head")(narrow)
+    model = keras.Model(inputs, logits, name="mlp")
+    model.compile(optimizer or keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def layout(axes=("model",), shape=(2,)):
+    mesh = keras.distribution.DeviceMesh(shape, list(axes),
+                                         devices=[f"cpu:{i}" for i in range(int(np.prod(shape)))])
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["(up|wide)/kernel"] = (None, "model")
+    layout_map["(up|wide)/bias"] = ("model",)
+    layout_map["(down|narrow)/kernel"] = ("model", None)
+    return layout_map
+
+
+def arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(ROWS, FEATURES)).astype("float32"),
+            rng.integers(0, CLASSES, size=(ROWS,)).astype("int32"))
+
+
+def fit(tensor_parallel, epochs=2, **kwargs):
+    model = mlp(kwargs.pop("optimizer", None))
+    extra = dict(tensor_parallel=2, layout_map=layout()) if tensor_parallel else {}
+    trainer = Trainer(model, **extra, **kwargs)
+    x, y = arrays()
+    history = trainer.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return model, history.history, trainer
+
+
+def assert_same(ours, reference):
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(ours[1][name], reference[1][name], rtol=RTOL, err_msg=name)
+    for a, b in zip(ours[0].get_weights(), reference[0].get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_split_mlp_trains_like_one_device():
+    one = fit(False)
+    two = fit(True)
+    assert [(s.layer, s.style) for s in two[2].shard_plan.layers] == [
+        ("up", "column"), ("down", "row"), ("wide", "column"), ("narrow", "row")]
+    assert int(two[2].optimizer.iterations.numpy()) == 2 * ROWS // BATCH
+    assert isinstance(two[2].model.get_layer("up"), ShardedDense)
+    # The weights were gathered back into the user's model; they moved.
+    assert not np.allclose(two[0].get_layer("up").kernel, mlp().get_layer("up").kernel)
+    assert_same(two, one)
+    x, y = arrays(seed=1)
+    np.testing.assert_allclose(two[2].evaluate(x, y, verbose=0), one[2].evaluate(x, y, verbose=0),
+                               rtol=RTOL)
+    np.testing.assert_allclose(two[2].predict(x, verbose=0), one[2].predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_each_shard_gradient_is_its_slice_of_the_one_device_gradient_and_norms_agree():
+    model = mlp()
+    plan = plan_shards(model, layout(), 2).with_devices(shard_devices(2))
+    split = split_model(model, plan)
+    x, y = arrays()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def gradients(net):
+        with tf.GradientTape() as tape:
+            value = loss(y, net(x))
+        return tape.gradient(value, net.trainable_variables)
+
+    full = dict(zip([v.path for v in model.trainable_variables], gradients(model), strict=True))
+    shards = gradients(split)
+    by_path = dict(zip([v.path for v in split.trainable_variables], shards, strict=True))
+    for shard in plan.layers:
+        kernel = full[f"{shard.layer}/kernel"].numpy()
+        bias = full[f"{shard.layer}/bias"].numpy()
+        for i in range(2):
+            if shard.style == "column":
+                width = shard.units // 2
+                expected = kernel[:, i * width:(i + 1) * width]
+                np.testing.assert_allclose(by_path[f"{shard.layer}/bias_shard_{i}"],
+                                           bias[i * width:(i + 1) * width], rtol=RTOL, atol=1e-7)
+            else:
+                rows = shard.input_dim // 2
+                expected = kernel[i * rows:(i + 1) * rows]
+            np.testing.assert_allclose(by_path[f"{shard.layer}/kernel_shard_{i}"], expected,
+                                       rtol=RTOL, atol=1e-7)
+        if shard.style == "row":
+            np.testing.assert_allclose(by_path[f"{shard.layer}/bias"], bias, rtol=RTOL, atol=1e-7)
+    np.testing.assert_allclose(by_path["head/kernel"], full["head/kernel"], rtol=RTOL, atol=1e-7)
+    # The global norm over the shard variables is the one-device global norm.
+    np.testing.assert_allclose(tf.linalg.global_norm(shards),
+                               tf.linalg.global_norm(list(full.values())), rtol=1e-6)
+
+
+def test_shards_compute_on_their_devices_and_a_megatron_pair_hands_its_shards_over():
+    model = mlp()
+    split = split_model(model, plan_shards(model, layout(), 2).with_devices(shard_devices(2)))
+    graph = tf.function(split).get_concrete_function(
+        tf.TensorSpec((None, FEATURES), tf.float32)).graph
+    ops = [(op.name.split("/")[1].rsplit("_", 1)[0], op.type, op.device) for op in graph.get_operations()
+           if op.name.count("/") >= 2]
+    for layer in ("up", "down", "wide", "narrow"):
+        devices = sorted(device[-5:] for name, kind, device in ops
+                         if name == layer and kind == "MatMul")
+        assert devices == ["CPU:0", "CPU:1"], (layer, devices)
+    # up -> down: down multiplies up's shards (no slicing); wide -> tanh -> narrow: slices.
+    assert not [kind for name, kind, _ in ops if name == "down" and kind == "StridedSlice"]
+    assert [kind for name, kind, _ in ops if name == "narrow" and kind == "StridedSlice"]
+    # The row layers sum their partial products once, on the first device.
+    sums = [(name, device[-5:]) for name, kind, device in ops if kind == "AddN"]
+    assert sums == [("down", "CPU:0"), ("narrow", "CPU:0")]
+
+
+def test_global_norm_clipping_matches_one_device():
+    one = fit(False, clip_norm=0.05)
+    two = fit(True, clip_norm=0.05)
+    assert_same(two, one)
+    unclipped = fit(False)  # the clipping binds: without it the weights end elsewhere
+    assert not np.allclose(unclipped[0].get_layer("up").kernel, one[0].get_layer("up").kernel,
+                           atol=1e-3)
+
+
+def test_each_device_holds_half_of_the_split_kernels_and_their_slots():
+    _, _, trainer = fit(True, epochs=1, optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    split_layers = [trainer.model.get_layer(s.layer) for s in trainer.shard_plan.layers]
+    kernels = [v for layer in split_layers for v in layer.kernels]
+    per_device = variable_bytes_by_device(kernels)
+    assert len(per_device) == 2
+    total = sum(per_device.values())
+    full = sum(s.input_dim * s.units * 4 for s in trainer.shard_plan.layers)
+    assert total == full
+    for size in per_device.values():
+        assert size == total // 2
+    # Momentum slots sit next to their shard.
+    slots = {id(v): s for v, s in zip(trainer.model.trainable_variables,
+                                      trainer.optimizer.momentums, strict=True)}
+    for kernel in kernels:
+        assert slots[id(kernel)].value.device == kernel.value.device
+
+
+def test_refusals_name_the_layer_and_why():
+    model = mlp()
+
+    def refused(**entries):
+        layout_map = keras.distribution.LayoutMap(
+            keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
+        for key, axes in entries.items():
+            layout_map[key.replace("__", "/")] = axes
+        with pytest.raises(ShardLayoutError) as error:
+            plan_shards(model, layout_map, 2)
+        return str(error.value)
+
+    assert "'down/kernel' (layer 'down') shards both kernel axes" in refused(
+        down__kernel=("model", "model"))
+    assert "'head/kernel' (layer 'head'" in refused(head__kernel=(None, "model"))  # 5 classes
+    assert "5 does not divide by 2" in refused(head__kernel=(None, "model"))
+    assert "bias 'down/bias' of the row-parallel Dense layer 'down'" in refused(
+        down__kernel=("model", None), down__bias=("model",))
+    assert "but not its kernel 'up/kernel'" in refused(up__bias=("model",))
+
+    inputs = keras.Input((4, FEATURES))
+    attention = keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 8),
+                                         name="proj")(inputs)
+    block = keras.Sequential([keras.layers.Dense(8, name="inner")], name="block")(attention)
+    other = keras.Model(inputs, block, name="other")
+    layout_map = keras.distribution.LayoutMap(
+        keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
+    layout_map["proj/kernel"] = (None, "model")
+    with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense"):
+        plan_shards(other, layout_map, 2)
+    layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
+    layout_map[".*inner/kernel"] = (None, "model")
+    with pytest.raises(ShardLayoutError, match="inside the layer 'block'"):
+        plan_shards(other, layout_map, 2)
+    with pytest.raises(ShardLayoutError, match="exactly one axis of 4 devices"):
+        plan_shards(model, layout(), 4)
+
+
+def test_trainer_refuses_what_is_not_supported_yet_by_name():
+    with pytest.raises(ValueError, match="tensor_parallel=2 needs layout_map="):
+        Trainer(mlp(), tensor_parallel=2)
+    with pytest.raises(ValueError, match="with model_parallel=2"):
+        Trainer(mlp(), tensor_parallel=2, layout_map=layout(), model_parallel=2)
+    with pytest.raises(ValueError, match="grad_accum_steps=2 is not supported with tensor"):
+        Trainer(mlp(), tensor_parallel=2, layout_map=layout(), grad_accum_steps=2)
+    with pytest.raises(ValueError, match="jit_compile=True is not supported with tensor"):
+        Trainer(mlp(), tensor_parallel=2, layout_map=layout(), jit_compile=True)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = mlp()
+    with pytest.raises(ValueError, match="default strategy on one worker so far, got "
+                                         "MirroredStrategy with 2 replica"):
+        Trainer(model, tensor_parallel=2, layout_map=layout())
