@@ -7,6 +7,7 @@ Example:
 """
 
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
+from tfdist.models.layout_maps import decoder_lm_layout_map
 from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
 from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, decay_mask,
                                           exclude_from_weight_decay, is_weight_decayed,
@@ -28,6 +29,7 @@ from tfdist.models.transformer_lm import (
 )
 
 __all__ = [
+    "decoder_lm_layout_map",
     "RESNET_NAMES",
     "SEQ2SEQ_SIZES",
     "CrossAttentionDecoderBlock",

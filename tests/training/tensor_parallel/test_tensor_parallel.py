@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdist.models import decoder_lm_layout_map
 from tfdist.training import Trainer
 from tfdist.training.model_parallel.placement import variable_bytes_by_device
 from tfdist.training.tensor_parallel.layers import ShardedDense
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
 from tfdist.training.tensor_parallel.split import shard_devices, split_model
+from helpers.workers import model_parallel_common as common
 
 RTOL, ATOL = 1e-5, 1e-5
 FEATURES, CLASSES, ROWS, BATCH = 12, 5, 64, 16
@@ -89,6 +91,20 @@ def test_split_mlp_trains_like_one_device():
                                rtol=RTOL)
     np.testing.assert_allclose(two[2].predict(x, verbose=0), one[2].predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_lm_with_its_shipped_layout_trains_like_one_device():
+    tokens, targets = common.token_arrays(n=24)
+    data = common.dataset((tokens, targets), 8)
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    one_model = common.transformer(tf.distribute.get_strategy())
+    one = one_model, Trainer(one_model).fit(data, epochs=1, verbose=0).history
+    two_model = common.transformer(tf.distribute.get_strategy())
+    trainer = Trainer(two_model, tensor_parallel=2, layout_map=decoder_lm_layout_map(mesh))
+    two = two_model, trainer.fit(data, epochs=1, verbose=0).history
+    assert [s.layer for s in trainer.shard_plan.layers] == [
+        "block_0/ffn_in", "block_0/ffn_out", "block_1/ffn_in", "block_1/ffn_out"]
+    assert_same(two, one)
 
 
 def test_each_shard_gradient_is_its_slice_of_the_one_device_gradient_and_norms_agree():
@@ -198,15 +214,23 @@ def test_refusals_name_the_layer_and_why():
     attention = keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 8),
                                          name="proj")(inputs)
     block = keras.Sequential([keras.layers.Dense(8, name="inner")], name="block")(attention)
-    other = keras.Model(inputs, block, name="other")
+    attend = keras.layers.MultiHeadAttention(2, 4, name="attend")(block, block)
+    other = keras.Model(inputs, attend, name="other")
     layout_map = keras.distribution.LayoutMap(
         keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
     layout_map["proj/kernel"] = (None, "model")
     with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense"):
         plan_shards(other, layout_map, 2)
     layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
+    layout_map["attend/query/kernel"] = (None, "model", None)
+    with pytest.raises(ShardLayoutError, match="layer 'attend/query', a EinsumDense: tfdist "
+                                               "splits only keras.layers.Dense so far "
+                                               r"\(at the model's top level or one level"):
+        plan_shards(other, layout_map, 2)
+    layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
     layout_map[".*inner/kernel"] = (None, "model")
-    with pytest.raises(ShardLayoutError, match="inside the layer 'block'"):
+    with pytest.raises(ShardLayoutError, match="which its parent 'block' \\(Sequential\\) does "
+                                               "not hold as an attribute"):
         plan_shards(other, layout_map, 2)
     with pytest.raises(ShardLayoutError, match="exactly one axis of 4 devices"):
         plan_shards(model, layout(), 4)

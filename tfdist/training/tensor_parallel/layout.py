@@ -28,8 +28,11 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
 Anything a layout shards that tfdist cannot split is refused, naming the
 layer, the variable path and why: a layer that is not a plain Dense (the
 class is named; EinsumDense, attention, embeddings and convolutions are not
-split yet), a layer inside another layer (only the top-level layers of a
-Functional or Sequential model are split), a kernel sharded on both axes, a
+split yet), a Dense deeper than one level inside a top-level layer or not
+held as an attribute of it (a Dense is split at the model's top level, or as
+an attribute of a top-level layer, such as a Transformer block's `ffn_in`:
+the split model's copy of that layer gets a `ShardedDense` in that
+attribute), a kernel sharded on both axes, a
 sharded axis that K does not divide, a row-parallel bias, a bias sharded
 without its kernel, and Dense features the split does not reproduce
 (regularisers, constraints, LoRA, quantisation).
@@ -59,11 +62,13 @@ class LayerShard:
     """How one layer is split.
 
     Args:
-        layer: the layer's name.
+        layer: the layer's name; `"<parent>/<name>"` for a Dense inside a
+            top-level layer (a Transformer block's `ffn_in`).
         style: `COLUMN` or `ROW`.
         kernel_path: the kernel variable's path (`"up/kernel"`).
         input_dim: the kernel's input channels.
         units: the kernel's output channels.
+        parent: the name of the top-level layer holding it, or None.
 
     Example:
 
@@ -76,6 +81,7 @@ class LayerShard:
     kernel_path: str
     input_dim: int
     units: int
+    parent: str = None
 
     def shard_shape(self, num_shards):
         """The shape of one kernel shard.
@@ -253,88 +259,106 @@ def plan_shards(model, layout_map, num_shards):
         axes = tuple(a if a is not None and sizes.get(a, 1) > 1 else None for a in layout.axes)
         if axis not in axes:
             continue
-        layer = owners.get(id(variable))
-        role = _dense_role(layer, variable, model)
-        if layer.name not in sharded:
-            sharded[layer.name] = {}
-            order.append(layer)
-        sharded[layer.name][role] = axes
-    shards = tuple(_layer_shard(layer, sharded[layer.name], axis, num_shards) for layer in order)
+        layer, name, parent = _dense_of(owners.get(id(variable)), variable, model)
+        role = _dense_role(layer, name, variable)
+        if name not in sharded:
+            sharded[name] = {}
+            order.append((layer, name, parent))
+        sharded[name][role] = axes
+    shards = tuple(_layer_shard(layer, name, parent, sharded[name], axis, num_shards)
+                   for layer, name, parent in order)
     unused = tuple(p for p in layout_map if p not in used_patterns)
     return ShardPlan(model_name=model.name, num_shards=num_shards, mesh_axis=axis,
                      layers=shards, unused_patterns=unused)
 
 
-def _dense_role(layer, variable, model):
-    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
-    if layer is None:
+def _dense_of(top, variable, model):
+    """`(dense, name, parent name or None)`: the splittable Dense holding `variable`, at the
+    model's top level or one level inside a top-level layer (a block's attribute), else a
+    `ShardLayoutError` saying why."""
+    if top is None:
         raise ShardLayoutError(
             f"The layout shards the variable {variable.path!r}, which belongs to no top-level "
             f"layer of the model {model.name!r}.")
-    inner = next((sub for sub in direct_sublayers(layer)
+    if type(top) is keras.layers.Dense:
+        return top, top.name, None
+    inner = next((sub for sub in direct_sublayers(top)
                   if any(v is variable for v in sub.weights)), None)
-    if inner is not None:
+    if inner is None:
+        _refuse_class(top, top.name, variable)
+    name = f"{top.name}/{inner.name}"
+    if type(inner) is not keras.layers.Dense:
+        _refuse_class(inner, name, variable)
+    if not any(value is inner for value in vars(top).values()):
         raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r}, which belongs to a layer "
-            f"inside the layer {layer.name!r} ({type(layer).__name__}): tfdist splits only "
-            "the top-level Dense layers of a Functional or Sequential model so far. Drop "
-            "that entry from the layout, or build the model with those Dense layers at its "
-            "top level.")
-    if type(layer) is not keras.layers.Dense:
-        raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the layer {layer.name!r}, "
-            f"a {type(layer).__name__}: tfdist splits only keras.layers.Dense so far "
-            "(EinsumDense, attention, embeddings and convolutions are not split yet). Drop "
-            "that entry from the layout (the layer then runs replicated).")
+            f"The layout shards the variable {variable.path!r} of the Dense layer {name!r}, "
+            f"which its parent {top.name!r} ({type(top).__name__}) does not hold as an "
+            "attribute (a list or dict of layers?): tfdist replaces a Dense inside a layer "
+            "through the attribute that holds it. Drop that entry from the layout.")
+    return inner, name, top.name
+
+
+def _refuse_class(layer, name, variable):
+    inside = ("" if "/" not in name else
+              " (at the model's top level or one level inside a top-level layer)")
+    raise ShardLayoutError(
+        f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
+        f"{type(layer).__name__}: tfdist splits only keras.layers.Dense so far{inside}; "
+        "EinsumDense, attention, embeddings and convolutions are not split yet. Drop that "
+        "entry from the layout (the layer then runs replicated).")
+
+
+def _dense_role(layer, name, variable):
+    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
     why = None
     if getattr(layer, "lora_enabled", False):
         why = "it has LoRA enabled"
     elif getattr(layer, "quantization_mode", None):
         why = f"it is quantized ({layer.quantization_mode})"
     else:
-        for name in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                     "kernel_constraint", "bias_constraint"):
-            if getattr(layer, name, None) is not None:
-                why = f"it has a {name} (not split yet)"
+        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                        "kernel_constraint", "bias_constraint"):
+            if getattr(layer, feature, None) is not None:
+                why = f"it has a {feature} (not split yet)"
                 break
     if why:
         raise ShardLayoutError(
             f"The layout shards the variable {variable.path!r} of the Dense layer "
-            f"{layer.name!r}, but {why}. Remove that from the layer, or drop the layer's "
+            f"{name!r}, but {why}. Remove that from the layer, or drop the layer's "
             "entries from the layout.")
     if variable is layer.kernel:
         return "kernel"
     if layer.use_bias and variable is layer.bias:
         return "bias"
-    raise ShardLayoutError(f"The variable {variable.path!r} of the Dense layer {layer.name!r} is "
+    raise ShardLayoutError(f"The variable {variable.path!r} of the Dense layer {name!r} is "
                            "neither its kernel nor its bias.")
 
 
-def _layer_shard(layer, roles, axis, num_shards):
+def _layer_shard(layer, name, parent, roles, axis, num_shards):
     """The `LayerShard` of a Dense from the layouts of its kernel and bias."""
     kernel = layer.kernel
     input_dim, units = (int(d) for d in kernel.shape)
     path = kernel.path
     if "kernel" not in roles:
         raise ShardLayoutError(
-            f"The layout shards the bias {layer.bias.path!r} of the Dense layer {layer.name!r} "
+            f"The layout shards the bias {layer.bias.path!r} of the Dense layer {name!r} "
             f"but not its kernel {path!r}: a bias is split only with its kernel. Lay out the "
             f"kernel as (None, {axis!r}) (column-parallel), or drop the bias entry.")
     axes = roles["kernel"]
     if len(axes) != 2:
         raise ShardLayoutError(
-            f"The layout of {path!r} (layer {layer.name!r}) has {len(axes)} axes, but the "
+            f"The layout of {path!r} (layer {name!r}) has {len(axes)} axes, but the "
             f"kernel has 2 (in, out): use (None, {axis!r}) or ({axis!r}, None).")
     if axes == (axis, axis):
         raise ShardLayoutError(
-            f"The layout of {path!r} (layer {layer.name!r}) shards both kernel axes over "
+            f"The layout of {path!r} (layer {name!r}) shards both kernel axes over "
             f"{axis!r}; shard one: (None, {axis!r}) splits the output channels, "
             f"({axis!r}, None) the input channels.")
     style = COLUMN if axes[1] == axis else ROW
     size, what = (units, "output channels") if style == COLUMN else (input_dim, "input channels")
     if size % num_shards:
         raise ShardLayoutError(
-            f"The layout splits the {what} of {path!r} (layer {layer.name!r}, kernel "
+            f"The layout splits the {what} of {path!r} (layer {name!r}, kernel "
             f"{(input_dim, units)}) over {num_shards} devices, but {size} does not divide by "
             f"{num_shards}. Use a tensor_parallel that divides {size}, change the layer's "
             "width, or drop it from the layout.")
@@ -342,8 +366,8 @@ def _layer_shard(layer, roles, axis, num_shards):
     if style == ROW and bias is not None:
         raise ShardLayoutError(
             f"The layout shards the bias {layer.bias.path!r} of the row-parallel Dense layer "
-            f"{layer.name!r}: a row-parallel layer adds its bias once, after summing the "
+            f"{name!r}: a row-parallel layer adds its bias once, after summing the "
             "partial products, so the bias is not split. Lay it out as (None,) or drop "
             "its entry.")
-    return LayerShard(layer=layer.name, style=style, kernel_path=path, input_dim=input_dim,
-                      units=units)
+    return LayerShard(layer=name, style=style, kernel_path=path, input_dim=input_dim,
+                      units=units, parent=parent)

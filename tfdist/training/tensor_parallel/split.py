@@ -4,7 +4,10 @@
 (`keras.models.clone_model`) with every layer the plan names replaced by a
 `ShardedDense` whose shards sit on the plan's devices, and copies the
 original weights in (each shard its slice), so the split model starts from
-the very same weights. Replicated layers are plain clones; their variables
+the very same weights. A Dense held as an attribute of a top-level layer (a
+Transformer block's `ffn_in`) is replaced in the clone of that layer before
+it is built (the clone keeps an unbuilt, weightless Dense in its layer list,
+which saving and checkpoints skip). Replicated layers are plain clones; their variables
 and their computation are on the first device (TensorFlow's default device,
 where ops without a device run). `gather_weights` copies the trained weights
 back into the original model (each split kernel gathered from its shards).
@@ -25,7 +28,7 @@ Example:
 import keras
 import tensorflow as tf
 
-from tfdist.seam import model_compile_config
+from tfdist.seam import direct_sublayers, model_compile_config
 from tfdist.training.tensor_parallel.layers import ShardedDense
 from tfdist.runtime.argtypes import check_int_at_least
 
@@ -83,20 +86,39 @@ def split_model(model, plan):
     if plan.devices is None:
         raise ValueError("The plan has no devices yet: plan.with_devices(shard_devices(K)).")
 
+    inner = {}  # parent layer name -> its split Dense layers
+    for shard in plan.layers:
+        if shard.parent is not None:
+            inner.setdefault(shard.parent, []).append(shard)
+
     def clone(layer):
         shard = plan.shard_of(layer.name)
-        if shard is None:
-            return layer.__class__.from_config(layer.get_config())
-        return ShardedDense.from_dense(layer, shard.style, plan.devices)
+        if shard is not None:
+            return ShardedDense.from_dense(layer, shard.style, plan.devices)
+        copy = layer.__class__.from_config(layer.get_config())
+        for shard in inner.get(layer.name, ()):
+            _replace_inner_dense(layer, copy, shard, plan.devices)
+        return copy
 
     with tf.device(plan.devices[0]):
         split = keras.models.clone_model(model, clone_function=clone)
-    for original, copy in _layer_pairs(model, split):
+    for original, copy in _dense_pairs(model, split):
         if isinstance(copy, ShardedDense):
             copy.load_full_weights(original.kernel, original.bias if original.use_bias else None)
         else:
             copy.set_weights(original.get_weights())
     return split
+
+
+def _replace_inner_dense(original, copy, shard, devices):
+    """Puts a `ShardedDense` where the clone `copy` of `original` holds the Dense `shard` names
+    (before the clone is built, so the Dense it replaces never gets weights)."""
+    dense_name = shard.layer.split("/", 1)[1]
+    attribute = next(name for name, value in vars(original).items()
+                     if isinstance(value, keras.layers.Layer) and value.name == dense_name)
+    dense = getattr(original, attribute)
+    delattr(copy, attribute)
+    setattr(copy, attribute, ShardedDense.from_dense(dense, shard.style, devices))
 
 
 def gather_weights(split, model):
@@ -107,16 +129,35 @@ def gather_weights(split, model):
     >>> trainer.fit(x, y)            # trains trainer.model, the split model
     >>> gather_weights(trainer.model, model)
     """
-    for original, copy in _layer_pairs(model, split):
+    for original, copy in _dense_pairs(model, split):
         if isinstance(copy, ShardedDense):
             original.set_weights(copy.full_weights())
         else:
             original.set_weights(copy.get_weights())
 
 
-def _layer_pairs(model, split):
+def _dense_pairs(model, split):
+    """`(original, copy)` pairs covering every weight: layers of the two models with the same
+    name, and inside a layer holding split Dense layers, each of its sub-layers."""
     originals = {layer.name: layer for layer in model.layers}
-    return [(originals[layer.name], layer) for layer in split.layers if layer.weights]
+    pairs = []
+    for copy in split.layers:
+        if not copy.weights:
+            continue
+        original = originals[copy.name]
+        sharded_inside = [sub for sub in direct_sublayers(copy) if isinstance(sub, ShardedDense)]
+        if isinstance(copy, ShardedDense) or not sharded_inside:
+            pairs.append((original, copy))
+            continue
+        subs = {sub.name: sub for sub in direct_sublayers(original) if sub.weights}
+        pairs += [(subs[sub.name], sub) for sub in direct_sublayers(copy) if sub.weights]
+        held = sum(len(sub.weights) for sub in direct_sublayers(original))
+        if held != len(original.weights):
+            raise ValueError(
+                f"The layer {original.name!r} holds weights of its own besides its sub-layers'; "
+                "tfdist splits a Dense inside a layer only when all the layer's weights are "
+                "its sub-layers'.")
+    return pairs
 
 
 def compile_like(split, model):
