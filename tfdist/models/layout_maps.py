@@ -15,14 +15,18 @@ import keras
 
 
 def decoder_lm_layout_map(device_mesh, model_axis="model"):
-    """The Megatron layout of `build_decoder_lm`'s feed-forward networks.
+    """The Megatron layout of `build_decoder_lm`'s blocks: attention by heads, MLP by channels.
 
-    In every `DecoderBlock`, `ffn_in` (`Dense(d_ff, gelu)`) is split by output
-    channels (column-parallel: kernel `(None, model)`, bias `(model,)`) and
-    `ffn_out` (`Dense(d_model)`) by input channels (row-parallel: kernel
-    `(model, None)`, bias replicated): one sum of partial products per block
-    forward. `d_ff` must divide by the size of the model axis. Attention,
-    embeddings, norms and the output projection stay replicated.
+    In every `DecoderBlock`, the self-attention is split by heads (query, key
+    and value kernels `(in, heads, head_dim)` as `(None, model, None)`, their
+    biases `(model, None)`, the output kernel `(heads, head_dim, out)` as
+    `(model, None, None)`, its bias replicated), `ffn_in` (`Dense(d_ff,
+    gelu)`) by output channels (column-parallel: kernel `(None, model)`, bias
+    `(model,)`) and `ffn_out` (`Dense(d_model)`) by input channels
+    (row-parallel: kernel `(model, None)`, bias replicated): one sum of
+    partial products per attention and one per MLP, forward. `num_heads` and
+    `d_ff` must divide by the size of the model axis. Embeddings, norms and
+    the output projection stay replicated.
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh` whose `model_axis` has
@@ -39,6 +43,9 @@ def decoder_lm_layout_map(device_mesh, model_axis="model"):
     ('model', None)
     """
     layout_map = keras.distribution.LayoutMap(device_mesh)
+    layout_map[r"block_\d+/attention/(query|key|value)/kernel"] = (None, model_axis, None)
+    layout_map[r"block_\d+/attention/(query|key|value)/bias"] = (model_axis, None)
+    layout_map[r"block_\d+/attention/attention_output/kernel"] = (model_axis, None, None)
     layout_map[r"block_\d+/ffn_in/kernel"] = (None, model_axis)
     layout_map[r"block_\d+/ffn_in/bias"] = (model_axis,)
     layout_map[r"block_\d+/ffn_out/kernel"] = (model_axis, None)

@@ -69,6 +69,10 @@ def fit(tensor_parallel, epochs=2, **kwargs):
     return model, history.history, trainer
 
 
+def device_of(variable):
+    return variable.value.device[-5:]
+
+
 def assert_same(ours, reference):
     for name in ("loss", "accuracy"):
         np.testing.assert_allclose(ours[1][name], reference[1][name], rtol=RTOL, err_msg=name)
@@ -102,9 +106,16 @@ def test_decoder_lm_with_its_shipped_layout_trains_like_one_device():
     two_model = common.transformer(tf.distribute.get_strategy())
     trainer = Trainer(two_model, tensor_parallel=2, layout_map=decoder_lm_layout_map(mesh))
     two = two_model, trainer.fit(data, epochs=1, verbose=0).history
-    assert [s.layer for s in trainer.shard_plan.layers] == [
-        "block_0/ffn_in", "block_0/ffn_out", "block_1/ffn_in", "block_1/ffn_out"]
+    assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
+        (f"block_{i}/{name}", style) for i in range(2)
+        for name, style in (("attention", "heads"), ("ffn_in", "column"), ("ffn_out", "row"))]
     assert_same(two, one)
+    attention = trainer.model.get_layer("block_1").attention
+    assert [device_of(shard.query_dense.kernel) for shard in attention.heads] == ["CPU:0", "CPU:1"]
+    assert [shard.query_dense.kernel.shape for shard in attention.heads] == [(32, 1, 16)] * 2
+    # The output bias is added once: shard 1's stays zero and untrained.
+    assert not attention.heads[1].output_dense.bias.trainable
+    assert not np.any(attention.heads[1].output_dense.bias.numpy())
 
 
 def test_each_shard_gradient_is_its_slice_of_the_one_device_gradient_and_norms_agree():
@@ -219,13 +230,18 @@ def test_refusals_name_the_layer_and_why():
     layout_map = keras.distribution.LayoutMap(
         keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
     layout_map["proj/kernel"] = (None, "model")
-    with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense"):
+    with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense: tfdist splits only "
+                                               "keras.layers.Dense and keras.layers.Multi"):
         plan_shards(other, layout_map, 2)
     layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
     layout_map["attend/query/kernel"] = (None, "model", None)
-    with pytest.raises(ShardLayoutError, match="layer 'attend/query', a EinsumDense: tfdist "
-                                               "splits only keras.layers.Dense so far "
-                                               r"\(at the model's top level or one level"):
+    with pytest.raises(ShardLayoutError, match="splits the MultiHeadAttention 'attend' only in "
+                                               "part .*split by heads as a whole"):
+        plan_shards(other, layout_map, 2)
+    layout_map["attend/(key|value)/kernel"] = (None, "model", None)
+    layout_map["attend/attention_output/kernel"] = ("model", None, None)
+    layout_map["attend/attention_output/bias"] = ("model",)
+    with pytest.raises(ShardLayoutError, match="output bias of the MultiHeadAttention 'attend'"):
         plan_shards(other, layout_map, 2)
     layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
     layout_map[".*inner/kernel"] = (None, "model")

@@ -3,8 +3,8 @@
 Tensor (channel) parallelism in the Megatron pattern, described with Keras's
 own `keras.distribution.LayoutMap` / `DeviceMesh`: a Dense layer's kernel
 split by output channels (column-parallel) or by input channels
-(row-parallel) over K devices, each shard a variable on its own device, each
-shard's matmul on that device. Used through
+(row-parallel), a MultiHeadAttention split by heads, over K devices, each
+shard a variable on its own device, each shard's computation on that device. Used through
 `Trainer(model, tensor_parallel=K, layout_map=...)`:
 
     mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
@@ -14,6 +14,6 @@ shard's matmul on that device. Used through
     trainer = Trainer(model, tensor_parallel=2, layout_map=layout_map)
 
 Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
-`layers` (`ShardedDense`), `split` (the split model, weights in and out,
+`layers` (`ShardedDense`, `ShardedMultiHeadAttention`), `split` (the split model, weights in and out,
 devices, the Trainer's checks).
 """

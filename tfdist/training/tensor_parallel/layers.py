@@ -1,4 +1,5 @@
-"""`ShardedDense`: a Dense layer whose kernel is split over K devices.
+"""`ShardedDense` (a Dense layer split by channels) and `ShardedMultiHeadAttention`
+(a MultiHeadAttention split by heads) over K devices.
 
 Each shard's kernel (and, column-parallel, its bias) is a variable of its
 own, created under `tf.device(<shard device>)`, and each shard's matmul runs
@@ -30,10 +31,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.seam import get_keras_mask, set_keras_mask
+
 COLUMN = "column"
 """Style of a layer split by output channels (kernel axis -1, bias split too)."""
 ROW = "row"
 """Style of a layer split by input channels (kernel axis 0, bias added once after the sum)."""
+HEADS = "heads"
+"""Style of a `MultiHeadAttention` split by heads (query/key/value by columns, output by rows)."""
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
 
 
@@ -194,6 +199,24 @@ class ShardedDense(keras.layers.Layer):
             for variable, piece in zip(self.biases, pieces, strict=True):
                 variable.assign(piece)
 
+    def load_from(self, dense):
+        """Loads the weights of `dense`, the `keras.layers.Dense` this layer splits.
+
+        Example:
+
+        >>> split.get_layer("up").load_from(model.get_layer("up"))
+        """
+        self.load_full_weights(dense.kernel, dense.bias if dense.use_bias else None)
+
+    def gather_into(self, dense):
+        """Writes this layer's gathered weights into `dense` (the Dense it splits).
+
+        Example:
+
+        >>> split.get_layer("up").gather_into(model.get_layer("up"))
+        """
+        dense.set_weights(self.full_weights())
+
     def full_weights(self):
         """The whole layer's `[kernel, bias]` (just `[kernel]` without a bias), gathered.
 
@@ -217,4 +240,146 @@ class ShardedDense(keras.layers.Layer):
                       use_bias=self.use_bias,
                       kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
                       bias_initializer=keras.initializers.serialize(self.bias_initializer))
+        return config
+
+
+class ShardedMultiHeadAttention(keras.layers.Layer):
+    """A `keras.layers.MultiHeadAttention` split by heads over K devices.
+
+    Shard i is a `MultiHeadAttention` with `num_heads / K` heads on device i:
+    its query, key and value projections are the columns of heads
+    `i*H/K .. (i+1)*H/K` (column-parallel), its attention runs on those
+    heads only, and its output projection takes the matching rows of the
+    output kernel (row-parallel), giving a partial sum. The K partial sums are
+    added on the first device. The output bias is added once: shard 0 holds
+    it, the other shards' output biases are zeros and not trained. Masks,
+    the causal mask and `training` reach every shard as they would the
+    whole layer. With attention dropout each shard draws its own pattern (a
+    different random stream than one device's).
+
+    Args:
+        config: the `get_config()` of the `MultiHeadAttention` to split.
+        devices: the K device names.
+        **kwargs: `keras.layers.Layer` arguments (`name`, ...).
+
+    Example:
+
+    >>> mha = keras.layers.MultiHeadAttention(4, 8, name="attention")
+    >>> layer = ShardedMultiHeadAttention.from_attention(mha, ["/device:CPU:0", "/device:CPU:1"])
+    >>> x = tf.ones((2, 5, 16))
+    >>> layer(x, x).shape
+    TensorShape([2, 5, 16])
+    """
+
+    def __init__(self, config, devices, **kwargs):
+        super().__init__(**kwargs)
+        self.devices = tuple(devices)
+        self.attention_config = dict(config)
+        k = len(self.devices)
+        heads = int(config["num_heads"])
+        if heads % k:
+            raise ValueError(f"{heads} heads do not divide by {k} devices.")
+        self.heads = []
+        for index, device in enumerate(self.devices):
+            shard = dict(config, num_heads=heads // k, name=f"heads_{index}")
+            self.heads.append(keras.layers.MultiHeadAttention.from_config(shard))
+
+    @classmethod
+    def from_attention(cls, attention, devices):
+        """The split of the `MultiHeadAttention` `attention` (same name; weights loaded later).
+
+        Example:
+
+        >>> ShardedMultiHeadAttention.from_attention(mha, devices).name
+        'attention'
+        """
+        config = attention.get_config()
+        name = config.pop("name")
+        for key in ("trainable", "dtype"):
+            config.pop(key, None)
+        return cls(config, devices, name=name, dtype=attention.dtype_policy,
+                   trainable=attention.trainable)
+
+    @property
+    def num_shards(self):
+        """K, the number of devices."""
+        return len(self.devices)
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        for index, (device, shard) in enumerate(zip(self.devices, self.heads, strict=True)):
+            with tf.device(device):
+                shard.build(query_shape, value_shape, key_shape)
+            if index and shard.output_dense.bias is not None:
+                shard.output_dense.bias.assign(tf.zeros_like(shard.output_dense.bias))
+                shard.output_dense.bias.trainable = False  # the bias is added once, by shard 0
+
+    def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+             attention_mask=None, return_attention_scores=False, training=None,
+             use_causal_mask=False):
+        tensors = [t for t in (query, value, key) if t is not None]
+        masks = [get_keras_mask(t) for t in tensors]
+        outputs, scores = [], []
+        for device, shard in zip(self.devices, self.heads, strict=True):
+            for tensor, mask in zip(tensors, masks, strict=True):
+                set_keras_mask(tensor, mask)  # MultiHeadAttention takes them off its inputs
+            with tf.device(device):
+                result = shard(query, value, key, query_mask=query_mask, value_mask=value_mask,
+                               key_mask=key_mask, attention_mask=attention_mask,
+                               return_attention_scores=return_attention_scores,
+                               training=training, use_causal_mask=use_causal_mask)
+            if return_attention_scores:
+                result, score = result
+                scores.append(score)
+            outputs.append(result)
+        with tf.device(self.devices[0]):
+            output = tf.add_n(outputs)
+            if scores:
+                return output, keras.ops.concatenate(scores, axis=1)
+        return output
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        return self.heads[0].compute_output_shape(query_shape, value_shape, key_shape)
+
+    def load_from(self, attention):
+        """Loads the weights of `attention`, the `MultiHeadAttention` this layer splits.
+
+        Example:
+
+        >>> split_block.attention.load_from(block.attention)
+        """
+        k = self.num_shards
+        for name in ("query_dense", "key_dense", "value_dense"):
+            for index, shard in enumerate(self.heads):
+                source, target = getattr(attention, name), getattr(shard, name)
+                target.kernel.assign(np.split(np.asarray(source.kernel), k, axis=1)[index])
+                if source.bias is not None:
+                    target.bias.assign(np.split(np.asarray(source.bias), k, axis=0)[index])
+        for index, shard in enumerate(self.heads):
+            source, target = attention.output_dense, shard.output_dense
+            target.kernel.assign(np.split(np.asarray(source.kernel), k, axis=0)[index])
+            if source.bias is not None and index == 0:
+                target.bias.assign(np.asarray(source.bias))
+
+    def gather_into(self, attention):
+        """Writes this layer's gathered weights into `attention` (the layer it splits).
+
+        Example:
+
+        >>> split_block.attention.gather_into(block.attention)
+        """
+        for name in ("query_dense", "key_dense", "value_dense"):
+            target = getattr(attention, name)
+            parts = [getattr(shard, name) for shard in self.heads]
+            target.kernel.assign(np.concatenate([np.asarray(p.kernel) for p in parts], axis=1))
+            if target.bias is not None:
+                target.bias.assign(np.concatenate([np.asarray(p.bias) for p in parts], axis=0))
+        target = attention.output_dense
+        target.kernel.assign(np.concatenate(
+            [np.asarray(shard.output_dense.kernel) for shard in self.heads], axis=0))
+        if target.bias is not None:
+            target.bias.assign(np.asarray(self.heads[0].output_dense.bias))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(config=self.attention_config, devices=list(self.devices))
         return config

@@ -22,20 +22,29 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   (the Megatron MLP pair `Dense(4d, gelu) -> Dense(d)`) hands its K output
   shards over as they are: the pair costs one sum of partial products
   forward (and one of input gradients backward), no gather in between.
+* A `keras.layers.MultiHeadAttention` whose query, key and value kernels
+  `(in, heads, head_dim)` are laid out `(None, "model", None)` and whose
+  output kernel `(heads, head_dim, out)` is laid out `("model", None, None)`
+  is split **by heads**: shard i runs heads `i*H/K .. (i+1)*H/K` (its
+  projections' columns, its attention, its rows of the output projection)
+  on device i; the K partial outputs are summed and the output bias added
+  once. Query/key/value biases may be laid out `("model", None)` (they are
+  split with their heads either way); the output bias is not split.
 * Variables no layout entry matches (or whose layout shards nothing) are
   replicated: one copy, on the first device.
 
 Anything a layout shards that tfdist cannot split is refused, naming the
-layer, the variable path and why: a layer that is not a plain Dense (the
-class is named; EinsumDense, attention, embeddings and convolutions are not
-split yet), a Dense deeper than one level inside a top-level layer or not
-held as an attribute of it (a Dense is split at the model's top level, or as
-an attribute of a top-level layer, such as a Transformer block's `ffn_in`:
-the split model's copy of that layer gets a `ShardedDense` in that
-attribute), a kernel sharded on both axes, a
-sharded axis that K does not divide, a row-parallel bias, a bias sharded
-without its kernel, and Dense features the split does not reproduce
-(regularisers, constraints, LoRA, quantisation).
+layer, the variable path and why: a layer that is not a plain Dense or
+MultiHeadAttention (the class is named; EinsumDense on its own, embeddings
+and convolutions are not split yet), an attention laid out in part, a layer
+deeper than one level inside a top-level layer or not held as an attribute
+of it (a layer is split at the model's top level, or as an attribute of a
+top-level layer, such as a Transformer block's `ffn_in` or `attention`: the
+split model's copy of that block gets the split layer in that attribute), a
+kernel sharded on both axes, a sharded width or head count that K does not
+divide, a row-parallel or attention-output bias, a bias sharded without its
+kernel, and features the split does not reproduce (regularisers,
+constraints, LoRA, quantisation, attention gates).
 
 Example:
 
@@ -50,7 +59,7 @@ import keras
 
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
-from tfdist.training.tensor_parallel.layers import COLUMN, ROW
+from tfdist.training.tensor_parallel.layers import COLUMN, HEADS, ROW
 
 
 class ShardLayoutError(ValueError):
@@ -64,7 +73,8 @@ class LayerShard:
     Args:
         layer: the layer's name; `"<parent>/<name>"` for a Dense inside a
             top-level layer (a Transformer block's `ffn_in`).
-        style: `COLUMN` or `ROW`.
+        style: `COLUMN`, `ROW` or `HEADS` (a MultiHeadAttention; `units` is
+            then its number of heads).
         kernel_path: the kernel variable's path (`"up/kernel"`).
         input_dim: the kernel's input channels.
         units: the kernel's output channels.
@@ -84,7 +94,7 @@ class LayerShard:
     parent: str = None
 
     def shard_shape(self, num_shards):
-        """The shape of one kernel shard.
+        """The shape of one kernel shard (split attention: `(heads per shard,)`).
 
         Example:
 
@@ -93,6 +103,8 @@ class LayerShard:
         """
         if self.style == COLUMN:
             return (self.input_dim, self.units // num_shards)
+        if self.style == HEADS:
+            return (self.units // num_shards,)
         return (self.input_dim // num_shards, self.units)
 
     def describe(self, num_shards):
@@ -103,6 +115,9 @@ class LayerShard:
         >>> LayerShard("down", ROW, "down/kernel", 64, 16).describe(2)
         'down  row-parallel  kernel (64, 16) -> 2 x (32, 16)'
         """
+        if self.style == HEADS:
+            return (f"{self.layer}  heads-parallel  {self.units} heads -> {num_shards} x "
+                    f"{self.units // num_shards}")
         return (f"{self.layer}  {self.style}-parallel  kernel {(self.input_dim, self.units)} -> "
                 f"{num_shards} x {self.shard_shape(num_shards)}")
 
@@ -259,39 +274,48 @@ def plan_shards(model, layout_map, num_shards):
         axes = tuple(a if a is not None and sizes.get(a, 1) > 1 else None for a in layout.axes)
         if axis not in axes:
             continue
-        layer, name, parent = _dense_of(owners.get(id(variable)), variable, model)
-        role = _dense_role(layer, name, variable)
+        layer, name, parent = _split_target(owners.get(id(variable)), variable, model)
+        role = (_attention_role(layer, name, variable) if _is_attention(layer)
+                else _dense_role(layer, name, variable))
         if name not in sharded:
             sharded[name] = {}
             order.append((layer, name, parent))
         sharded[name][role] = axes
-    shards = tuple(_layer_shard(layer, name, parent, sharded[name], axis, num_shards)
-                   for layer, name, parent in order)
+    shards = tuple((_attention_shard if _is_attention(layer) else _layer_shard)(
+        layer, name, parent, sharded[name], axis, num_shards) for layer, name, parent in order)
     unused = tuple(p for p in layout_map if p not in used_patterns)
     return ShardPlan(model_name=model.name, num_shards=num_shards, mesh_axis=axis,
                      layers=shards, unused_patterns=unused)
 
 
-def _dense_of(top, variable, model):
-    """`(dense, name, parent name or None)`: the splittable Dense holding `variable`, at the
-    model's top level or one level inside a top-level layer (a block's attribute), else a
-    `ShardLayoutError` saying why."""
+def _is_splittable(layer):
+    return type(layer) is keras.layers.Dense or _is_attention(layer)
+
+
+def _is_attention(layer):
+    return type(layer) is keras.layers.MultiHeadAttention
+
+
+def _split_target(top, variable, model):
+    """`(layer, name, parent name or None)`: the splittable Dense or MultiHeadAttention holding
+    `variable`, at the model's top level or one level inside a top-level layer (a block's
+    attribute), else a `ShardLayoutError` saying why."""
     if top is None:
         raise ShardLayoutError(
             f"The layout shards the variable {variable.path!r}, which belongs to no top-level "
             f"layer of the model {model.name!r}.")
-    if type(top) is keras.layers.Dense:
+    if _is_splittable(top):
         return top, top.name, None
     inner = next((sub for sub in direct_sublayers(top)
                   if any(v is variable for v in sub.weights)), None)
     if inner is None:
         _refuse_class(top, top.name, variable)
     name = f"{top.name}/{inner.name}"
-    if type(inner) is not keras.layers.Dense:
+    if not _is_splittable(inner):
         _refuse_class(inner, name, variable)
     if not any(value is inner for value in vars(top).values()):
         raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the Dense layer {name!r}, "
+            f"The layout shards the variable {variable.path!r} of the layer {name!r}, "
             f"which its parent {top.name!r} ({type(top).__name__}) does not hold as an "
             "attribute (a list or dict of layers?): tfdist replaces a Dense inside a layer "
             "through the attribute that holds it. Drop that entry from the layout.")
@@ -303,9 +327,10 @@ def _refuse_class(layer, name, variable):
               " (at the model's top level or one level inside a top-level layer)")
     raise ShardLayoutError(
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
-        f"{type(layer).__name__}: tfdist splits only keras.layers.Dense so far{inside}; "
-        "EinsumDense, attention, embeddings and convolutions are not split yet. Drop that "
-        "entry from the layout (the layer then runs replicated).")
+        f"{type(layer).__name__}: tfdist splits only keras.layers.Dense and "
+        f"keras.layers.MultiHeadAttention (by heads) so far{inside}; EinsumDense on its own, "
+        "embeddings and convolutions are not split yet. Drop that entry from the layout (the "
+        "layer then runs replicated).")
 
 
 def _dense_role(layer, name, variable):
@@ -371,3 +396,68 @@ def _layer_shard(layer, name, parent, roles, axis, num_shards):
             "its entry.")
     return LayerShard(layer=name, style=style, kernel_path=path, input_dim=input_dim,
                       units=units, parent=parent)
+
+
+ATTENTION_PARTS = {"query_dense": "query", "key_dense": "key", "value_dense": "value",
+                   "output_dense": "attention_output"}
+"""A MultiHeadAttention's projections: its attribute -> the name in the variable paths."""
+
+
+def _attention_role(layer, name, variable):
+    """`"<projection>/kernel"` or `"<projection>/bias"` of a splittable MultiHeadAttention."""
+    why = None
+    if layer.get_config().get("use_gate"):
+        why = "it uses a gate (use_gate=True; not split yet)"
+    else:
+        config = layer.get_config()
+        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                        "kernel_constraint", "bias_constraint"):
+            if config.get(feature) is not None:
+                why = f"it has a {feature} (not split yet)"
+                break
+    if why:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the MultiHeadAttention "
+            f"{name!r}, but {why}. Drop the layer's entries from the layout.")
+    for attribute, part in ATTENTION_PARTS.items():
+        projection = getattr(layer, attribute)
+        if variable is projection.kernel:
+            return f"{part}/kernel"
+        if projection.bias is not None and variable is projection.bias:
+            return f"{part}/bias"
+    raise ShardLayoutError(f"The variable {variable.path!r} of the MultiHeadAttention {name!r} "
+                           "belongs to none of its query, key, value or output projections.")
+
+
+def _attention_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of a MultiHeadAttention split by heads, from its projections' layouts."""
+    wanted = {"query/kernel": (None, axis, None), "key/kernel": (None, axis, None),
+              "value/kernel": (None, axis, None), "attention_output/kernel": (axis, None, None)}
+    wrong = {role: roles.get(role) for role, axes in wanted.items() if roles.get(role) != axes}
+    if wrong:
+        raise ShardLayoutError(
+            f"The layout splits the MultiHeadAttention {name!r} only in part ({wrong}; "
+            "None: not sharded): attention is split by heads as a whole. Lay out the query, "
+            f"key and value kernels (in, heads, head_dim) as (None, {axis!r}, None) and the "
+            f"attention_output kernel (heads, head_dim, out) as ({axis!r}, None, None), or "
+            "drop all its entries.")
+    for part in ("query", "key", "value"):
+        bias = roles.get(f"{part}/bias")
+        if bias is not None and bias != (axis, None):
+            raise ShardLayoutError(
+                f"The layout of {name}/{part}/bias is {bias}; a {part} bias (heads, head_dim) is "
+                f"split with its heads: ({axis!r}, None).")
+    if roles.get("attention_output/bias") is not None:
+        raise ShardLayoutError(
+            f"The layout shards the output bias of the MultiHeadAttention {name!r}: it is "
+            "added once, after summing the heads' partial outputs, so it is not split. Lay "
+            "it out as (None,) or drop its entry.")
+    heads = layer.num_heads
+    if heads % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {heads} heads of the MultiHeadAttention {name!r} over "
+            f"{num_shards} devices, but {heads} does not divide by {num_shards}. Use a "
+            "tensor_parallel that divides the number of heads, or drop its entries.")
+    return LayerShard(layer=name, style=HEADS, kernel_path=layer.query_dense.kernel.path,
+                      input_dim=int(layer.query_dense.kernel.shape[0]), units=heads,
+                      parent=parent)

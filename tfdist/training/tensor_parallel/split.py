@@ -29,8 +29,12 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam import direct_sublayers, model_compile_config
-from tfdist.training.tensor_parallel.layers import ShardedDense
+from tfdist.training.tensor_parallel.layers import HEADS, ShardedDense, ShardedMultiHeadAttention
 from tfdist.runtime.argtypes import check_int_at_least
+
+
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention)
+"""The layer classes a split model's split layers have."""
 
 
 class ShardPlacementError(RuntimeError):
@@ -94,7 +98,7 @@ def split_model(model, plan):
     def clone(layer):
         shard = plan.shard_of(layer.name)
         if shard is not None:
-            return ShardedDense.from_dense(layer, shard.style, plan.devices)
+            return sharded_layer(layer, shard.style, plan.devices)
         copy = layer.__class__.from_config(layer.get_config())
         for shard in inner.get(layer.name, ()):
             _replace_inner_dense(layer, copy, shard, plan.devices)
@@ -103,11 +107,24 @@ def split_model(model, plan):
     with tf.device(plan.devices[0]):
         split = keras.models.clone_model(model, clone_function=clone)
     for original, copy in _dense_pairs(model, split):
-        if isinstance(copy, ShardedDense):
-            copy.load_full_weights(original.kernel, original.bias if original.use_bias else None)
+        if isinstance(copy, SHARDED_LAYERS):
+            copy.load_from(original)
         else:
             copy.set_weights(original.get_weights())
     return split
+
+
+def sharded_layer(layer, style, devices):
+    """The split of `layer` (a Dense, or a MultiHeadAttention split by heads) over `devices`.
+
+    Example:
+
+    >>> sharded_layer(model.get_layer("up"), "column", devices)
+    <ShardedDense name=up, built=False>
+    """
+    if style == HEADS:
+        return ShardedMultiHeadAttention.from_attention(layer, devices)
+    return ShardedDense.from_dense(layer, style, devices)
 
 
 def _replace_inner_dense(original, copy, shard, devices):
@@ -116,9 +133,9 @@ def _replace_inner_dense(original, copy, shard, devices):
     dense_name = shard.layer.split("/", 1)[1]
     attribute = next(name for name, value in vars(original).items()
                      if isinstance(value, keras.layers.Layer) and value.name == dense_name)
-    dense = getattr(original, attribute)
+    layer = getattr(original, attribute)
     delattr(copy, attribute)
-    setattr(copy, attribute, ShardedDense.from_dense(dense, shard.style, devices))
+    setattr(copy, attribute, sharded_layer(layer, shard.style, devices))
 
 
 def gather_weights(split, model):
@@ -130,8 +147,8 @@ def gather_weights(split, model):
     >>> gather_weights(trainer.model, model)
     """
     for original, copy in _dense_pairs(model, split):
-        if isinstance(copy, ShardedDense):
-            original.set_weights(copy.full_weights())
+        if isinstance(copy, SHARDED_LAYERS):
+            copy.gather_into(original)
         else:
             original.set_weights(copy.get_weights())
 
@@ -145,8 +162,9 @@ def _dense_pairs(model, split):
         if not copy.weights:
             continue
         original = originals[copy.name]
-        sharded_inside = [sub for sub in direct_sublayers(copy) if isinstance(sub, ShardedDense)]
-        if isinstance(copy, ShardedDense) or not sharded_inside:
+        sharded_inside = [sub for sub in direct_sublayers(copy)
+                          if isinstance(sub, SHARDED_LAYERS)]
+        if isinstance(copy, SHARDED_LAYERS) or not sharded_inside:
             pairs.append((original, copy))
             continue
         subs = {sub.name: sub for sub in direct_sublayers(original) if sub.weights}
