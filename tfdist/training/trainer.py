@@ -8,6 +8,7 @@ that callbacks use is `tfdist.training.resume`.
 """
 
 import collections
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -28,7 +29,7 @@ from tfdist.training.own_step import OWN_STEP_HOOKS, StepFunctionsWithOwnSteps
 from tfdist.training.model_parallel.gpipe import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
 from tfdist.training.model_parallel.placement import (deferred_build, place_metric_variables, place_stages,
-                                       stage_devices)
+                                       stage_devices, updates_on_variable_devices)
 from tfdist.training.model_parallel.stages import plan_stages, split_model
 from tfdist.training.tensor_parallel import layout as tensor_layout
 from tfdist.training.tensor_parallel import split as tensor_split
@@ -376,10 +377,14 @@ class Trainer:
                                replays_consumed_batches=positionable is None,
                                starts_input_at_position=positionable is not None)
         setattr(self.model, FIT_POSITION_ATTRIBUTE, position)
+        # With tensor_parallel > 1, each shard's update is computed on its device (traced here).
+        updates_placed = (updates_on_variable_devices(self.optimizer)
+                          if self.tensor_parallel > 1 else contextlib.nullcontext())
         try:
-            training_logs, initial_epoch = self._fit_epochs(
-                data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                validation_freq, callback_list, initial_epoch, position, positionable)
+            with updates_placed:
+                training_logs, initial_epoch = self._fit_epochs(
+                    data, val_data, steps, epochs, steps_per_epoch, validation_steps,
+                    validation_freq, callback_list, initial_epoch, position, positionable)
         finally:
             setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
         if epochs > initial_epoch and self.optimizer is not None:

@@ -8,6 +8,8 @@ of the split kernels (and their optimizer slots); splits tfdist cannot do
 are refused naming the layer.
 """
 
+import collections
+
 import keras
 import numpy as np
 import pytest
@@ -172,6 +174,22 @@ def test_shards_compute_on_their_devices_and_a_megatron_pair_hands_its_shards_ov
     # The row layers sum their partial products once, on the first device.
     sums = [(name, device[-5:]) for name, kind, device in ops if kind == "AddN"]
     assert sums == [("down", "CPU:0"), ("narrow", "CPU:0")]
+
+    # The backward of each shard runs on its device too (TensorFlow would put it on the
+    # first device): every matmul of the gradient is placed, except the replicated head's.
+    @tf.function
+    def gradients(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(split(x) ** 2)
+        return tape.gradient(loss, split.trainable_variables)
+
+    graph = gradients.get_concrete_function(tf.TensorSpec((None, FEATURES), tf.float32)).graph
+    nodes = list(graph.as_graph_def().node) + [
+        node for function in graph.as_graph_def().library.function for node in function.node_def]
+    matmuls = collections.Counter(node.device[-5:] for node in nodes if node.op == "MatMul")
+    # 4 split layers: per device 4 forward, 4 kernel gradients, 4 input gradients;
+    # the head: 1 forward, 2 backward, unplaced.
+    assert matmuls == {"CPU:0": 12, "CPU:1": 12, "": 3}, matmuls
 
 
 def test_global_norm_clipping_matches_one_device():

@@ -42,6 +42,61 @@ HEADS = "heads"
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
 
 
+def on_device(device, function, *inputs):
+    """`function(*inputs)` computed on `device`, and its backward on `device` too.
+
+    TensorFlow places the ops of a forward pass where `tf.device` says, but
+    the ops `GradientTape.gradient` creates for them carry no device and run
+    on the default device (the first one): a shard's backward would then run
+    on device 0, moving its activations there. This wraps the shard's
+    computation in a `tf.custom_gradient` whose gradient is taken, under the
+    same device, from a tape recorded during the forward (no recomputation),
+    for the inputs and for the variables `function` reads.
+
+    A tensor passed twice (self-attention's query and value) is one input
+    of the wrapped function, so that its gradient is counted once.
+
+    Args:
+        device: a device name.
+        function: takes the tensors `inputs` (positionally), returns a tensor
+            (or a flat tuple of them).
+        *inputs: tensors.
+
+    Example:
+
+    >>> y = on_device("/device:CPU:1", lambda x: keras.ops.matmul(x, kernel), x)
+    """
+    unique, positions = [], []
+    for tensor in inputs:
+        position = next((i for i, seen in enumerate(unique) if seen is tensor), None)
+        if position is None:
+            unique.append(tensor)
+            position = len(unique) - 1
+        positions.append(position)
+
+    @tf.custom_gradient
+    def shard(*tensors):
+        with tf.GradientTape() as tape:
+            for tensor in tensors:
+                tape.watch(tensor)
+            output = function(*[tensors[position] for position in positions])
+
+        def backward(*upstream, variables=None):
+            variables = list(variables or ())
+            differentiable = [v for v in variables if v.dtype.is_floating]  # not seed states
+            with tf.device(device):
+                grads = tape.gradient(tf.nest.flatten(output), list(tensors) + differentiable,
+                                      output_gradients=list(upstream))
+            by_variable = dict(zip((id(v) for v in differentiable), grads[len(tensors):],
+                                   strict=True))
+            return grads[:len(tensors)], [by_variable.get(id(v)) for v in variables]
+
+        return output, backward
+
+    with tf.device(device):
+        return shard(*unique)
+
+
 class ShardedDense(keras.layers.Layer):
     """A Dense layer split by output channels (column) or input channels (row) over K devices.
 
@@ -135,15 +190,16 @@ class ShardedDense(keras.layers.Layer):
         return self._row(inputs)
 
     def _column(self, x):
-        pieces = []
-        for index, device in enumerate(self.devices):
-            with tf.device(device):
-                y = keras.ops.matmul(x, self.kernels[index])
+        def column(index):
+            def piece(inputs):
+                y = keras.ops.matmul(inputs, self.kernels[index])
                 if self.use_bias:
                     y = keras.ops.add(y, self.biases[index])
-                if self.activation is not None:
-                    y = self.activation(y)
-                pieces.append(y)
+                return self.activation(y) if self.activation is not None else y
+            return piece
+
+        pieces = [on_device(device, column(index), x)
+                  for index, device in enumerate(self.devices)]
         with tf.device(self.devices[0]):
             output = keras.ops.concatenate(pieces, axis=-1)
         try:
@@ -162,10 +218,11 @@ class ShardedDense(keras.layers.Layer):
             for index, device in enumerate(self.devices):
                 with tf.device(device):
                     pieces.append(x[..., index * width:(index + 1) * width])
-        partial = []
-        for index, device in enumerate(self.devices):
-            with tf.device(device):
-                partial.append(keras.ops.matmul(pieces[index], self.kernels[index]))
+        def row(index):
+            return lambda inputs: keras.ops.matmul(inputs, self.kernels[index])
+
+        partial = [on_device(device, row(index), pieces[index])
+                   for index, device in enumerate(self.devices)]
         with tf.device(self.devices[0]):
             y = tf.add_n(partial)
             if self.use_bias:
@@ -322,11 +379,15 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
         for device, shard in zip(self.devices, self.heads, strict=True):
             for tensor, mask in zip(tensors, masks, strict=True):
                 set_keras_mask(tensor, mask)  # MultiHeadAttention takes them off its inputs
-            with tf.device(device):
-                result = shard(query, value, key, query_mask=query_mask, value_mask=value_mask,
-                               key_mask=key_mask, attention_mask=attention_mask,
-                               return_attention_scores=return_attention_scores,
-                               training=training, use_causal_mask=use_causal_mask)
+
+            def heads(*inputs, shard=shard):
+                q, v, k = (list(inputs) + [None])[:3]
+                return shard(q, v, k, query_mask=query_mask, value_mask=value_mask,
+                             key_mask=key_mask, attention_mask=attention_mask,
+                             return_attention_scores=return_attention_scores,
+                             training=training, use_causal_mask=use_causal_mask)
+
+            result = on_device(device, heads, *tensors)
             if return_attention_scores:
                 result, score = result
                 scores.append(score)
