@@ -20,7 +20,7 @@ from tfdist.training import Trainer
 from tfdist.training.model_parallel.placement import variable_bytes_by_device
 from tfdist.training.tensor_parallel.layers import ShardedDense
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
-from tfdist.training.tensor_parallel.split import shard_devices, split_model
+from tfdist.training.tensor_parallel.split import gather_weights, shard_devices, split_model
 from helpers.workers import model_parallel_common as common
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -192,6 +192,22 @@ def test_shards_compute_on_their_devices_and_a_megatron_pair_hands_its_shards_ov
     assert matmuls == {"CPU:0": 12, "CPU:1": 12, "": 3}, matmuls
 
 
+def test_a_sequential_model_splits_and_its_weights_go_back_and_forth():
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((FEATURES,)),
+                              keras.layers.Dense(16, activation="relu", name="up"),
+                              keras.layers.Dense(FEATURES, name="down"),
+                              keras.layers.Dense(CLASSES, name="head")], name="stack")
+    split = split_model(model, plan_shards(model, layout(), 2).with_devices(shard_devices(2)))
+    assert isinstance(split, keras.Sequential)
+    x = arrays()[0]
+    np.testing.assert_allclose(split(x), model(x), rtol=1e-5, atol=1e-6)
+    for variable in split.trainable_variables:
+        variable.assign(variable + 1.0)
+    gather_weights(split, model)
+    np.testing.assert_allclose(model(x), split(x), rtol=1e-5, atol=1e-5)
+
+
 def test_global_norm_clipping_matches_one_device():
     one = fit(False, clip_norm=0.05)
     two = fit(True, clip_norm=0.05)
@@ -279,9 +295,19 @@ def test_trainer_refuses_what_is_not_supported_yet_by_name():
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), grad_accum_steps=2)
     with pytest.raises(ValueError, match="jit_compile=True is not supported with tensor"):
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), jit_compile=True)
+    unbuilt = keras.Sequential([keras.layers.Dense(4, name="up")])
+    unbuilt.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="is not built; tensor_parallel=2 splits a built"):
+        Trainer(unbuilt, tensor_parallel=2, layout_map=layout())
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = mlp()
     with pytest.raises(ValueError, match="default strategy on one worker so far, got "
                                          "MirroredStrategy with 2 replica"):
         Trainer(model, tensor_parallel=2, layout_map=layout())
+
+
+def test_mixed_precision_is_refused_by_name(mixed_bfloat16):
+    with pytest.raises(ValueError, match="dtype policy 'mixed_bfloat16'; tensor_parallel=2 "
+                                         "supports float32 only so far"):
+        Trainer(mlp(), tensor_parallel=2, layout_map=layout())
