@@ -211,7 +211,7 @@ class Trainer:
         tensor_split.check_tensor_parallel_settings(
             model, self.strategy, tensor_parallel=self.tensor_parallel,
             model_parallel=self.model_parallel, jit_compile=self.jit_compile,
-            grad_accum_steps=self.grad_accum_steps)
+            grad_accum_steps=self.grad_accum_steps, hooks=self.hooks)
         plan = tensor_layout.plan_shards(model, layout_map, self.tensor_parallel)
         self.shard_plan = plan.with_devices(tensor_split.shard_devices(self.tensor_parallel))
         split = tensor_split.split_model(model, self.shard_plan)

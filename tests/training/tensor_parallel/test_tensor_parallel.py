@@ -295,6 +295,15 @@ def test_trainer_refuses_what_is_not_supported_yet_by_name():
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), grad_accum_steps=2)
     with pytest.raises(ValueError, match="jit_compile=True is not supported with tensor"):
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), jit_compile=True)
+    class OwnStep(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inputs = keras.Input((FEATURES,))
+    own = OwnStep(inputs, keras.layers.Dense(4, name="up")(inputs))
+    own.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="which does not have the model's own OwnStep.train_step"):
+        Trainer(own, tensor_parallel=2, layout_map=layout())
     unbuilt = keras.Sequential([keras.layers.Dense(4, name="up")])
     unbuilt.compile("sgd", "mse")
     with pytest.raises(ValueError, match="is not built; tensor_parallel=2 splits a built"):

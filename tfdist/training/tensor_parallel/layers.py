@@ -97,6 +97,7 @@ def on_device(device, function, *inputs):
         return shard(*unique)
 
 
+@keras.saving.register_keras_serializable(package="tfdist")
 class ShardedDense(keras.layers.Layer):
     """A Dense layer split by output channels (column) or input channels (row) over K devices.
 
@@ -300,6 +301,7 @@ class ShardedDense(keras.layers.Layer):
         return config
 
 
+@keras.saving.register_keras_serializable(package="tfdist")
 class ShardedMultiHeadAttention(keras.layers.Layer):
     """A `keras.layers.MultiHeadAttention` split by heads over K devices.
 

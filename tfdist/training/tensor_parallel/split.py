@@ -223,13 +223,22 @@ def check_tensor_parallel_arguments(tensor_parallel, layout_map):
 
 
 def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_parallel,
-                                   jit_compile, grad_accum_steps):
+                                   jit_compile, grad_accum_steps, hooks=None):
     """Refuses, by name and with the way out, what tensor parallelism cannot do yet.
 
+    Args:
+        model: the model to split.
+        strategy: the trainer's strategy.
+        tensor_parallel: K > 1.
+        model_parallel, jit_compile, grad_accum_steps: the trainer's settings.
+        hooks: `tfdist.training.model_hooks.own_hooks(model)` (None: none).
+
     Raises:
-        ValueError: model_parallel > 1, a strategy other than the default
-            one, XLA, gradient accumulation, a mixed-precision model, an
-            unbuilt model, or an optimizer that is already built.
+        ValueError: the model's own train/test/predict step or compute_loss
+            (the split copy is a plain Functional model without them),
+            model_parallel > 1, a strategy other than the default one, XLA,
+            gradient accumulation, a mixed-precision model, an unbuilt model,
+            or an optimizer that is already built.
 
     Example:
 
@@ -237,6 +246,12 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
     ...                                model_parallel=1, jit_compile=False, grad_accum_steps=1)
     """
     k = tensor_parallel
+    if hooks:
+        names = ", ".join(f"{cls.__name__}.{hook}" for hook, cls in hooks.items())
+        raise ValueError(
+            f"tensor_parallel={k} trains a Functional copy of the model with its layers "
+            f"split, which does not have the model's own {names}. Remove the override "
+            "(compile the loss instead), or train with tensor_parallel=1.")
     if model_parallel > 1:
         raise ValueError(
             f"tensor_parallel={k} with model_parallel={model_parallel} (stages that are "
