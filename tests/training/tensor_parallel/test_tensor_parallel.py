@@ -157,6 +157,34 @@ def test_each_shard_gradient_is_its_slice_of_the_one_device_gradient_and_norms_a
                                tf.linalg.global_norm(list(full.values())), rtol=1e-6)
 
 
+def test_each_attention_shard_gradient_is_its_heads_slice_of_the_one_device_gradient():
+    model = common.transformer(tf.distribute.get_strategy(), num_layers=1)
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    split = split_model(model, plan_shards(model, decoder_lm_layout_map(mesh), 2)
+                        .with_devices(shard_devices(2)))
+    tokens, targets = common.token_arrays(n=8)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def gradients(net):
+        with tf.GradientTape() as tape:
+            value = loss(targets, net(tokens))
+        return dict(zip([v.path for v in net.trainable_variables],
+                        tape.gradient(value, net.trainable_variables), strict=True))
+
+    full, shards = gradients(model), gradients(split)
+    heads = model.get_layer("block_0").attention.num_heads // 2
+    for part, axis in (("query", 1), ("key", 1), ("value", 1), ("attention_output", 0)):
+        kernel = full[f"block_0/attention/{part}/kernel"].numpy()
+        for i in range(2):
+            expected = np.take(kernel, range(i * heads, (i + 1) * heads), axis=axis)
+            np.testing.assert_allclose(shards[f"block_0/attention/heads_{i}/{part}/kernel"],
+                                       expected, rtol=1e-4, atol=1e-6, err_msg=(part, i))
+    np.testing.assert_allclose(shards["block_0/attention/heads_0/attention_output/bias"],
+                               full["block_0/attention/attention_output/bias"], rtol=1e-4,
+                               atol=1e-6)
+    assert "block_0/attention/heads_1/attention_output/bias" not in shards  # not trained
+
+
 def test_shards_compute_on_their_devices_and_a_megatron_pair_hands_its_shards_over():
     model = mlp()
     split = split_model(model, plan_shards(model, layout(), 2).with_devices(shard_devices(2)))
