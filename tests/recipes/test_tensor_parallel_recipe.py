@@ -1,0 +1,82 @@
+"""`--tensor-parallel K` in the recipes: run in-process on the test session's 2 logical CPUs.
+
+The transformer recipe split over 2 devices prints the same losses as on one
+(SGD, float32), and its start block names the split layers and the bytes each
+device holds; what the split cannot do yet is refused before TensorFlow starts.
+"""
+
+import re
+
+import pytest
+
+from tfdist.recipes import transformer
+from tfdist.recipes.config import ConfigError, parse_config
+from tfdist.recipes.preflight import check_before_tensorflow
+
+SHORT = ["--optimizer", "sgd", "--precision", "float32", "--xla", "off", "--epochs", "1",
+         "--steps-per-epoch", "3", "--validation-steps", "1", "--warmup-steps", "0",
+         "--global-batch-size", "16", "--num-examples", "48", "--verbose", "2"]
+
+
+def _figures(out):
+    """The final block's metric lines (`loss  3.3083 ...`) and the epoch line's figures."""
+    results = out[out.index("Results"):out.index("Throughput")]
+    epoch = re.findall(r"(?:val_)?(?:loss|accuracy): [0-9.]+", out)
+    return [line.split()[:2] for line in results.splitlines()[1:]], epoch
+
+
+def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys):
+    assert transformer.main([*SHORT, "--tensor-parallel", "2"]) == 0
+    split_out = capsys.readouterr().out
+    assert transformer.main([*SHORT, "--tensor-parallel", "1"]) == 0
+    one_out = capsys.readouterr().out
+    split_figures, one_figures = _figures(split_out), _figures(one_out)
+    assert split_figures[0] and split_figures[1], split_out
+    for split, one in zip(split_figures, one_figures, strict=True):
+        assert split == one, (split_out, one_out)
+    for text in ("tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' "
+                 "(6 layers split), shards on CPU:0, CPU:1",
+                 "block_1/ffn_out  row-parallel  kernel (512, 128) -> 2 x (256, 128)",
+                 "block_0/attention  heads-parallel  4 heads -> 2 x 2"):
+        assert text in split_out, split_out
+    assert "tensor parallel" not in one_out
+    line = next(line for line in split_out.splitlines() if "bytes/device" in line)
+    split_mib = [float(figure) for figure in re.findall(r"split ([0-9.]+) MiB", line)]
+    rest_mib = [float(figure) for figure in re.findall(r"rest ([0-9.]+) MiB", line)]
+    assert len(split_mib) == 2 and abs(split_mib[0] - split_mib[1]) <= 0.05 * split_mib[0], line
+    assert rest_mib[0] > 0 and rest_mib[1] == 0, line  # the replicated rest is on the first device
+
+
+@pytest.mark.parametrize("recipe,flags,words", [
+    (transformer, ["--strategy", "mirrored"], ["--strategy mirrored", "--strategy auto"]),
+    (transformer, ["--devices", "2"], ["--devices 2", "Drop --devices"]),
+    (transformer, ["--model-parallel", "2"], ["--model-parallel 2", "Use one of them"]),
+    (transformer, ["--xla", "on"], ["--xla on", "--xla off or auto"]),
+    (transformer, ["--grad-accum-steps", "2"], ["--grad-accum-steps 2", "--global-batch-size"]),
+    (transformer, ["--precision", "bf16"], ["--precision mixed_bfloat16", "--precision float32"]),
+])
+def test_what_the_split_cannot_do_yet_is_refused_before_tensorflow(recipe, flags, words):
+    config = parse_config([*flags, "--tensor-parallel", "2"], recipe.RECIPE.all_options(),
+                          prog=recipe.RECIPE.name)
+    with pytest.raises(ConfigError) as raised:
+        check_before_tensorflow(recipe.RECIPE, config)
+    message = str(raised.value)
+    assert "--tensor-parallel 2" in message and "\n" not in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_auto_choices_resolve_to_what_the_split_runs():
+    from tfdist.precision import PrecisionChoice
+    from tfdist.recipes.auto_choices import rule_choices
+    from tfdist.recipes.tensor_parallel_flags import precision_under_tensor_parallel
+
+    config = parse_config(["--tensor-parallel", "2"], transformer.RECIPE.all_options(),
+                          prog="transformer")
+    check_before_tensorflow(transformer.RECIPE, config)
+    precision, jit_compile, reason = rule_choices(transformer.RECIPE, config, on_gpu=True)
+    assert precision.policy == "float32"
+    assert jit_compile is False and "--tensor-parallel 2" in reason
+    # On a GPU with fast bfloat16, auto would pick it: the split turns it to float32, saying why.
+    half = precision_under_tensor_parallel(config, PrecisionChoice("mixed_bfloat16", "auto: GPU"))
+    assert half.policy == "float32" and "--tensor-parallel 2" in half.reason
