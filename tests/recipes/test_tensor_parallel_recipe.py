@@ -80,3 +80,40 @@ def test_auto_choices_resolve_to_what_the_split_runs():
     # On a GPU with fast bfloat16, auto would pick it: the split turns it to float32, saying why.
     half = precision_under_tensor_parallel(config, PrecisionChoice("mixed_bfloat16", "auto: GPU"))
     assert half.policy == "float32" and "--tensor-parallel 2" in half.reason
+
+
+def test_the_split_copy_keeps_the_resnet_weight_decay_exclusions():
+    """The cnn recipe's ResNet excludes batch norm and biases from weight decay, by variable:
+    the split copy's own variables get the same exclusions (prepare_split_optimizer), so a
+    strong decay trains the split model like one device."""
+    import keras
+    import numpy as np
+
+    from tfdist.models import resnet_layout_map
+    from tfdist.models.builders import build_image_classifier
+    from tfdist.recipes.tensor_parallel_flags import prepare_split_optimizer
+    from tfdist.training import Trainer
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 4, size=(16,)).astype("int32")
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+
+    def train(split, prepare_split=True):
+        keras.utils.set_random_seed(11)
+        built = build_image_classifier("resnet_tiny", 4, (16, 16, 3))
+        optimizer = keras.optimizers.SGD(0.1, weight_decay=0.5)
+        built.prepare_optimizer(optimizer)
+        extra = ({"tensor_parallel": 2, "layout_map": resnet_layout_map(mesh, "resnet_tiny")}
+                 if split else {})
+        trainer = Trainer(built.model, optimizer, built.loss, **extra)
+        if prepare_split:
+            prepare_split_optimizer(built, trainer)
+        trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        return {v.path: np.asarray(v) for v in built.model.weights}
+
+    one, two = train(False), train(True)
+    for path, value in one.items():
+        np.testing.assert_allclose(two[path], value, rtol=1e-5, atol=1e-5, err_msg=path)
+    unprepared = train(True, prepare_split=False)  # the copy's BN gammas would decay
+    assert not np.allclose(unprepared["stem_bn/gamma"], one["stem_bn/gamma"], atol=1e-4)

@@ -30,7 +30,8 @@ from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settl
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
-from tfdist.recipes.tensor_parallel_flags import (prepare_tensor_parallel_devices,
+from tfdist.recipes.tensor_parallel_flags import (prepare_split_optimizer,
+                                                  prepare_tensor_parallel_devices,
                                                   tensor_parallel_block)
 from tfdist.recipes.tensor_parallel_flags import trainer_arguments as tensor_parallel_arguments
 from tfdist.recipes.preflight import check_before_tensorflow, check_warmup
@@ -428,6 +429,7 @@ def _train(recipe, config, where):
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
                           **model_parallel_arguments(config),
                           **tensor_parallel_arguments(recipe, config))
+        prepare_split_optimizer(built, trainer)
 
     # The record (config.yaml) keeps the choices and their reasons, not where
     # they came from: a resumed run that reads the cached decision is the

@@ -5,7 +5,8 @@ this worker (`Trainer(tensor_parallel=K, layout_map=...)`, see
 `tfdist.training.tensor_parallel`): K GPUs, or without GPUs the CPU split
 into K logical devices before TensorFlow starts. The layout is the recipe's
 own (`Recipe.layout_map`: the transformer recipe uses
-`tfdist.models.decoder_lm_layout_map`). What the split does not support yet is
+`tfdist.models.decoder_lm_layout_map`, the cnn recipe
+`tfdist.models.resnet_layout_map`). What the split does not support yet is
 refused from the flags, before TensorFlow starts, naming the flag and the
 way out: another strategy than `auto`/`default` (data parallelism on top),
 `--devices`, `--model-parallel`, `--xla on`, `--grad-accum-steps`, a half
@@ -158,6 +159,22 @@ def trainer_arguments(recipe, config):
 
     mesh = keras.distribution.DeviceMesh((k,), ["model"], devices=shard_devices(k))
     return {"tensor_parallel": k, "layout_map": recipe.layout_map(config, mesh)}
+
+
+def prepare_split_optimizer(built, trainer):
+    """Repeats the model's optimizer preparation (weight-decay exclusions) for the split copy.
+
+    `built.prepare_optimizer` ran on the model the recipe built; the split
+    copy the Trainer trains has variables of its own, which Keras's
+    exclusions (by variable) would not cover.
+
+    Example:
+
+    >>> prepare_split_optimizer(built, trainer)   # after Trainer(tensor_parallel=2, ...)
+    """
+    if getattr(trainer, "shard_plan", None) is None or built.prepare_optimizer is None:
+        return
+    built.prepare_optimizer(trainer.optimizer, trainer.model)
 
 
 def bytes_per_device(trainer):

@@ -293,7 +293,7 @@ def test_refusals_name_the_layer_and_why():
         keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
     layout_map["proj/kernel"] = (None, "model")
     with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense: tfdist splits only "
-                                               "keras.layers.Dense and keras.layers.Multi"):
+                                               "keras.layers.Dense, keras.layers.Multi"):
         plan_shards(other, layout_map, 2)
     layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
     layout_map["attend/query/kernel"] = (None, "model", None)

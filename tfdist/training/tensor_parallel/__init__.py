@@ -3,7 +3,8 @@
 Tensor (channel) parallelism in the Megatron pattern, described with Keras's
 own `keras.distribution.LayoutMap` / `DeviceMesh`: a Dense layer's kernel
 split by output channels (column-parallel) or by input channels
-(row-parallel), a MultiHeadAttention split by heads, over K devices, each
+(row-parallel), a MultiHeadAttention split by heads, a Conv2D split by
+output channels, over K devices, each
 shard a variable on its own device, each shard's computation on that device. Used through
 `Trainer(model, tensor_parallel=K, layout_map=...)`:
 
@@ -14,6 +15,6 @@ shard a variable on its own device, each shard's computation on that device. Use
     trainer = Trainer(model, tensor_parallel=2, layout_map=layout_map)
 
 Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
-`layers` (`ShardedDense`, `ShardedMultiHeadAttention`), `split` (the split model, weights in and out,
+`layers` (`ShardedDense`, `ShardedMultiHeadAttention`, `ShardedConv2D`), `split` (the split model, weights in and out,
 devices, the Trainer's checks).
 """

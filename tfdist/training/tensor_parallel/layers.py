@@ -1,5 +1,6 @@
-"""`ShardedDense` (a Dense layer split by channels) and `ShardedMultiHeadAttention`
-(a MultiHeadAttention split by heads) over K devices.
+"""`ShardedDense` (a Dense layer split by channels), `ShardedMultiHeadAttention`
+(a MultiHeadAttention split by heads) and `ShardedConv2D` (a Conv2D split by
+output channels) over K devices.
 
 Each shard's kernel (and, column-parallel, its bias) is a variable of its
 own, created under `tf.device(<shard device>)`, and each shard's matmul runs
@@ -39,6 +40,8 @@ ROW = "row"
 """Style of a layer split by input channels (kernel axis 0, bias added once after the sum)."""
 HEADS = "heads"
 """Style of a `MultiHeadAttention` split by heads (query/key/value by columns, output by rows)."""
+FILTERS = "filters"
+"""Style of a `Conv2D` split by output channels (filters; kernel's last axis, bias split too)."""
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
 
 
@@ -445,4 +448,115 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(config=self.attention_config, devices=list(self.devices))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class ShardedConv2D(keras.layers.Layer):
+    """A `keras.layers.Conv2D` split by output channels (filters) over K devices.
+
+    Shard i is a `Conv2D` with `filters / K` filters on device i (kernel
+    `(kh, kw, in, filters/K)`, its bias entries, the activation), computing
+    its channels of the output from the whole input there. The K pieces are
+    concatenated on the channel axis on the first device (gathered), so the
+    next layer, not split, sees the whole output. Backward, each shard's input
+    gradient is computed on its device and the K are summed where the input
+    lives.
+
+    Args:
+        config: the `get_config()` of the `Conv2D` to split.
+        devices: the K device names.
+        **kwargs: `keras.layers.Layer` arguments (`name`, ...).
+
+    Example:
+
+    >>> conv = keras.layers.Conv2D(8, 3, padding="same", name="conv")
+    >>> layer = ShardedConv2D.from_conv(conv, ["/device:CPU:0", "/device:CPU:1"])
+    >>> layer(tf.ones((2, 5, 5, 3))).shape
+    TensorShape([2, 5, 5, 8])
+    >>> [tuple(shard.kernel.shape) for shard in layer.convs]
+    [(3, 3, 3, 4), (3, 3, 3, 4)]
+    """
+
+    def __init__(self, config, devices, **kwargs):
+        super().__init__(**kwargs)
+        self.devices = tuple(devices)
+        self.conv_config = dict(config)
+        k = len(self.devices)
+        filters = int(config["filters"])
+        if filters % k:
+            raise ValueError(f"{filters} filters do not divide by {k} devices.")
+        if int(config.get("groups", 1)) != 1:
+            raise ValueError("A grouped Conv2D (groups > 1) is not split by filters yet.")
+        self.filters = filters
+        self.channel_axis = 1 if config.get("data_format") == "channels_first" else -1
+        self.convs = [keras.layers.Conv2D.from_config(
+            dict(config, filters=filters // k, name=f"filters_{index}"))
+            for index in range(k)]
+
+    @classmethod
+    def from_conv(cls, conv, devices):
+        """The split of the `Conv2D` `conv` (same name; weights loaded later).
+
+        Example:
+
+        >>> ShardedConv2D.from_conv(conv, devices).name
+        'conv'
+        """
+        config = conv.get_config()
+        name = config.pop("name")
+        for key in ("trainable", "dtype"):
+            config.pop(key, None)
+        return cls(config, devices, name=name, dtype=conv.dtype_policy, trainable=conv.trainable)
+
+    @property
+    def num_shards(self):
+        """K, the number of devices."""
+        return len(self.devices)
+
+    def build(self, input_shape):
+        for device, conv in zip(self.devices, self.convs, strict=True):
+            with tf.device(device):
+                conv.build(input_shape)
+
+    def call(self, inputs):
+        pieces = [on_device(device, conv, inputs)
+                  for device, conv in zip(self.devices, self.convs, strict=True)]
+        with tf.device(self.devices[0]):
+            return keras.ops.concatenate(pieces, axis=self.channel_axis)
+
+    def compute_output_shape(self, input_shape):
+        shape = list(self.convs[0].compute_output_shape(input_shape))
+        shape[self.channel_axis] = self.filters
+        return tuple(shape)
+
+    def load_from(self, conv):
+        """Loads the weights of `conv`, the `Conv2D` this layer splits (each shard its filters).
+
+        Example:
+
+        >>> split.get_layer("conv").load_from(model.get_layer("conv"))
+        """
+        k = self.num_shards
+        kernels = np.split(np.asarray(conv.kernel), k, axis=-1)
+        biases = np.split(np.asarray(conv.bias), k) if conv.use_bias else [None] * k
+        for shard, kernel, bias in zip(self.convs, kernels, biases, strict=True):
+            shard.kernel.assign(kernel)
+            if bias is not None:
+                shard.bias.assign(bias)
+
+    def gather_into(self, conv):
+        """Writes this layer's gathered weights into `conv` (the `Conv2D` it splits).
+
+        Example:
+
+        >>> split.get_layer("conv").gather_into(model.get_layer("conv"))
+        """
+        conv.kernel.assign(np.concatenate([np.asarray(s.kernel) for s in self.convs], axis=-1))
+        if conv.use_bias:
+            conv.bias.assign(np.concatenate([np.asarray(s.bias) for s in self.convs]))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(config=self.conv_config, devices=list(self.devices))
         return config

@@ -30,6 +30,12 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   on device i; the K partial outputs are summed and the output bias added
   once. Query/key/value biases may be laid out `("model", None)` (they are
   split with their heads either way); the output bias is not split.
+* A `keras.layers.Conv2D` whose kernel `(kh, kw, in, filters)` is laid out
+  `(None, None, None, "model")` is split **by output channels**: shard i
+  holds filters `[i*F/K, (i+1)*F/K)` (kernel and bias) and computes those
+  output channels on device i; the K pieces are concatenated on the first
+  device for the next layer, which is not split. A convolution laid out on
+  its input channels is refused (not supported yet).
 * Variables no layout entry matches (or whose layout shards nothing) are
   replicated: one copy, on the first device.
 
@@ -59,7 +65,7 @@ import keras
 
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
-from tfdist.training.tensor_parallel.layers import COLUMN, HEADS, ROW
+from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW
 
 
 class ShardLayoutError(ValueError):
@@ -73,12 +79,15 @@ class LayerShard:
     Args:
         layer: the layer's name; `"<parent>/<name>"` for a Dense inside a
             top-level layer (a Transformer block's `ffn_in`).
-        style: `COLUMN`, `ROW` or `HEADS` (a MultiHeadAttention; `units` is
-            then its number of heads).
+        style: `COLUMN`, `ROW`, `HEADS` (a MultiHeadAttention; `units` is
+            then its number of heads) or `FILTERS` (a Conv2D; `units` is its
+            number of filters).
         kernel_path: the kernel variable's path (`"up/kernel"`).
         input_dim: the kernel's input channels.
         units: the kernel's output channels.
         parent: the name of the top-level layer holding it, or None.
+        kernel_shape: the whole kernel's shape (a Conv2D's `(kh, kw, in, filters)`),
+            or None for a Dense's `(input_dim, units)`.
 
     Example:
 
@@ -92,6 +101,7 @@ class LayerShard:
     input_dim: int
     units: int
     parent: str = None
+    kernel_shape: tuple = None
 
     def shard_shape(self, num_shards):
         """The shape of one kernel shard (split attention: `(heads per shard,)`).
@@ -105,6 +115,8 @@ class LayerShard:
             return (self.input_dim, self.units // num_shards)
         if self.style == HEADS:
             return (self.units // num_shards,)
+        if self.style == FILTERS:
+            return tuple(self.kernel_shape[:-1]) + (self.units // num_shards,)
         return (self.input_dim // num_shards, self.units)
 
     def describe(self, num_shards):
@@ -118,6 +130,9 @@ class LayerShard:
         if self.style == HEADS:
             return (f"{self.layer}  heads-parallel  {self.units} heads -> {num_shards} x "
                     f"{self.units // num_shards}")
+        if self.style == FILTERS:
+            return (f"{self.layer}  filters-parallel  kernel {tuple(self.kernel_shape)} -> "
+                    f"{num_shards} x {self.shard_shape(num_shards)}")
         return (f"{self.layer}  {self.style}-parallel  kernel {(self.input_dim, self.units)} -> "
                 f"{num_shards} x {self.shard_shape(num_shards)}")
 
@@ -276,20 +291,31 @@ def plan_shards(model, layout_map, num_shards):
             continue
         layer, name, parent = _split_target(owners.get(id(variable)), variable, model)
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
+                else _conv_role(layer, name, variable) if _is_conv(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
             sharded[name] = {}
             order.append((layer, name, parent))
         sharded[name][role] = axes
-    shards = tuple((_attention_shard if _is_attention(layer) else _layer_shard)(
-        layer, name, parent, sharded[name], axis, num_shards) for layer, name, parent in order)
+    shards = tuple(_shard_builder(layer)(layer, name, parent, sharded[name], axis, num_shards)
+                   for layer, name, parent in order)
     unused = tuple(p for p in layout_map if p not in used_patterns)
     return ShardPlan(model_name=model.name, num_shards=num_shards, mesh_axis=axis,
                      layers=shards, unused_patterns=unused)
 
 
 def _is_splittable(layer):
-    return type(layer) is keras.layers.Dense or _is_attention(layer)
+    return type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
+
+
+def _is_conv(layer):
+    return type(layer) is keras.layers.Conv2D
+
+
+def _shard_builder(layer):
+    if _is_attention(layer):
+        return _attention_shard
+    return _conv_shard if _is_conv(layer) else _layer_shard
 
 
 def _is_attention(layer):
@@ -327,10 +353,10 @@ def _refuse_class(layer, name, variable):
               " (at the model's top level or one level inside a top-level layer)")
     raise ShardLayoutError(
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
-        f"{type(layer).__name__}: tfdist splits only keras.layers.Dense and "
-        f"keras.layers.MultiHeadAttention (by heads) so far{inside}; EinsumDense on its own, "
-        "embeddings and convolutions are not split yet. Drop that entry from the layout (the "
-        "layer then runs replicated).")
+        f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
+        f"keras.layers.MultiHeadAttention (by heads) and keras.layers.Conv2D (by filters) so "
+        f"far{inside}; EinsumDense on its own, embeddings and other convolutions are not split "
+        "yet. Drop that entry from the layout (the layer then runs replicated).")
 
 
 def _dense_role(layer, name, variable):
@@ -461,3 +487,66 @@ def _attention_shard(layer, name, parent, roles, axis, num_shards):
     return LayerShard(layer=name, style=HEADS, kernel_path=layer.query_dense.kernel.path,
                       input_dim=int(layer.query_dense.kernel.shape[0]), units=heads,
                       parent=parent)
+
+
+def _conv_role(layer, name, variable):
+    """`"kernel"` or `"bias"` of a splittable Conv2D, else a `ShardLayoutError` saying why."""
+    why = None
+    if layer.groups != 1:
+        why = f"it is grouped (groups={layer.groups}; not split yet)"
+    elif getattr(layer, "lora_enabled", False):
+        why = "it has LoRA enabled"
+    else:
+        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                        "kernel_constraint", "bias_constraint"):
+            if getattr(layer, feature, None) is not None:
+                why = f"it has a {feature} (not split yet)"
+                break
+    if why:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the Conv2D layer {name!r}, "
+            f"but {why}. Remove that from the layer, or drop the layer's entries from the "
+            "layout.")
+    if variable is layer.kernel:
+        return "kernel"
+    if layer.use_bias and variable is layer.bias:
+        return "bias"
+    raise ShardLayoutError(f"The variable {variable.path!r} of the Conv2D layer {name!r} is "
+                           "neither its kernel nor its bias.")
+
+
+def _conv_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of a Conv2D split by output channels, from its kernel's layout."""
+    shape = tuple(int(d) for d in layer.kernel.shape)
+    path = layer.kernel.path
+    wanted = (None, None, None, axis)
+    if "kernel" not in roles:
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the Conv2D layer {name!r} but "
+            f"not its kernel {path!r}: a bias is split only with its filters. Lay out the "
+            f"kernel as {wanted} (output channels), or drop the bias entry.")
+    axes = roles["kernel"]
+    if axes == (None, None, axis, None):
+        raise ShardLayoutError(
+            f"The layout splits the input channels of the Conv2D layer {name!r} ({path!r} as "
+            f"{axes}): a convolution split by input channels (each shard a partial sum over "
+            "its channels, then summed) is not supported yet. Split its output channels "
+            f"instead, {wanted}, or drop its entries (the layer then runs replicated).")
+    if axes != wanted:
+        raise ShardLayoutError(
+            f"The layout of {path!r} (Conv2D layer {name!r}, kernel (kh, kw, in, filters) "
+            f"{shape}) is {axes}; tfdist splits a convolution by its output channels only: "
+            f"{wanted}.")
+    bias = roles.get("bias")
+    if bias is not None and bias != (axis,):
+        raise ShardLayoutError(
+            f"The layout of the bias {layer.bias.path!r} of the Conv2D layer {name!r} is "
+            f"{bias}; a bias is split with its filters: ({axis!r},).")
+    filters = shape[-1]
+    if filters % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {filters} filters of {path!r} (Conv2D layer {name!r}) over "
+            f"{num_shards} devices, but {filters} does not divide by {num_shards}. Use a "
+            "tensor_parallel that divides it, or drop the layer from the layout.")
+    return LayerShard(layer=name, style=FILTERS, kernel_path=path, input_dim=shape[-2],
+                      units=filters, parent=parent, kernel_shape=shape)

@@ -29,11 +29,12 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam import direct_sublayers, model_compile_config
-from tfdist.training.tensor_parallel.layers import HEADS, ShardedDense, ShardedMultiHeadAttention
+from tfdist.training.tensor_parallel.layers import (FILTERS, HEADS, ShardedConv2D, ShardedDense,
+                                                    ShardedMultiHeadAttention)
 from tfdist.runtime.argtypes import check_int_at_least
 
 
-SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention)
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D)
 """The layer classes a split model's split layers have."""
 
 
@@ -115,7 +116,8 @@ def split_model(model, plan):
 
 
 def sharded_layer(layer, style, devices):
-    """The split of `layer` (a Dense, or a MultiHeadAttention split by heads) over `devices`.
+    """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a Conv2D split by
+    filters) over `devices`.
 
     Example:
 
@@ -124,6 +126,8 @@ def sharded_layer(layer, style, devices):
     """
     if style == HEADS:
         return ShardedMultiHeadAttention.from_attention(layer, devices)
+    if style == FILTERS:
+        return ShardedConv2D.from_conv(layer, devices)
     return ShardedDense.from_dense(layer, style, devices)
 
 
