@@ -117,3 +117,48 @@ def test_the_split_copy_keeps_the_resnet_weight_decay_exclusions():
         np.testing.assert_allclose(two[path], value, rtol=1e-5, atol=1e-5, err_msg=path)
     unprepared = train(True, prepare_split=False)  # the copy's BN gammas would decay
     assert not np.allclose(unprepared["stem_bn/gamma"], one["stem_bn/gamma"], atol=1e-4)
+
+
+def test_a_cluster_is_refused_before_tensorflow(monkeypatch):
+    import json
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["localhost:1", "localhost:2"]},
+        "task": {"type": "worker", "index": 0}}))
+    config = parse_config(["--tensor-parallel", "2"], transformer.RECIPE.all_options(),
+                          prog="transformer")
+    with pytest.raises(ConfigError, match="TF_CONFIG names a cluster of 2 tasks: data "
+                                          "parallelism across workers"):
+        check_before_tensorflow(transformer.RECIPE, config)
+    config = parse_config(["--tensor-parallel", "2", "--cluster-resolver", "slurm"],
+                          transformer.RECIPE.all_options(), prog="transformer")
+    with pytest.raises(ConfigError, match="--cluster-resolver slurm: data parallelism"):
+        check_before_tensorflow(transformer.RECIPE, config)
+
+
+def test_bytes_per_device_counts_each_shard_and_its_slots_where_they_live():
+    """Measured from the variables' placement: each device holds half of the split layers'
+    weights and momentum slots; the replicated rest (head, iteration counter) is on the first."""
+    import keras
+
+    from tfdist.recipes.tensor_parallel_flags import bytes_per_device
+    from tfdist.training import Trainer
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(32, activation="relu", name="up")(inputs)
+    back = keras.layers.Dense(8, name="down")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(back))
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse")
+    layout_map = keras.distribution.LayoutMap(keras.distribution.DeviceMesh(
+        (2,), ["model"], devices=["cpu:0", "cpu:1"]))
+    layout_map["up/kernel"] = (None, "model")
+    layout_map["down/kernel"] = ("model", None)
+    trainer = Trainer(model, tensor_parallel=2, layout_map=layout_map)
+    sizes = list(bytes_per_device(trainer).values())
+    # Float32 weights and their momentum: each device has half of up's kernel and bias and half
+    # of down's kernel; down's bias, added once after the sum, is on the first device.
+    per_shard, down_bias = (8 * 16 + 16 + 16 * 8) * 4 * 2, 8 * 4 * 2
+    assert [size["split"] for size in sizes] == [per_shard + down_bias, per_shard]
+    head = (8 * 3 + 3) * 4 * 2
+    assert sizes[1]["rest"] == 0 and sizes[0]["rest"] >= head

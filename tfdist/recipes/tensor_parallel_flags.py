@@ -60,6 +60,7 @@ def check_tensor_parallel_flags(recipe, config):
             "as one replica on this worker's devices, under the default strategy; data "
             "parallelism on top (across devices or workers) is not supported yet. Use "
             "--strategy auto (or default), or --tensor-parallel 1.")
+    _check_no_cluster(config, k)
     if config.devices is not None and config.devices > 1:
         raise ConfigError(
             f"--devices {config.devices} asks for {config.devices} replicas, but with "
@@ -77,6 +78,26 @@ def check_tensor_parallel_flags(recipe, config):
         raise ConfigError(
             f"--precision {config.precision} is not supported with --tensor-parallel {k} yet "
             "(the split runs float32 only so far). Use --precision float32 (or auto).")
+
+
+def _check_no_cluster(config, k):
+    """Refuses `--strategy auto` when it would find a cluster (TF_CONFIG of several tasks, or
+    `--cluster-resolver slurm`): the split runs on one worker only so far."""
+    if config.strategy != "auto":
+        return
+    from tfdist.distribute.tf_config import parse_tf_config
+
+    cluster = parse_tf_config() if config.cluster_resolver == "tf_config" else None
+    tasks = sum(len(addresses) for addresses in cluster.cluster.values()) if cluster else 1
+    if config.cluster_resolver != "tf_config" or tasks > 1:
+        where = (f"--cluster-resolver {config.cluster_resolver}"
+                 if config.cluster_resolver != "tf_config"
+                 else f"TF_CONFIG names a cluster of {tasks} tasks")
+        raise ConfigError(
+            f"--tensor-parallel {k} runs on one worker so far, but {where}: data "
+            "parallelism across workers on top of the split is not supported yet. Run one "
+            "worker without TF_CONFIG (or with --strategy default, which ignores it), or "
+            "--tensor-parallel 1.")
 
 
 def xla_blocker(config):
