@@ -162,3 +162,19 @@ def test_bytes_per_device_counts_each_shard_and_its_slots_where_they_live():
     assert [size["split"] for size in sizes] == [per_shard + down_bias, per_shard]
     head = (8 * 3 + 3) * 4 * 2
     assert sizes[1]["rest"] == 0 and sizes[0]["rest"] >= head
+
+
+def test_resuming_a_backup_of_another_degree_is_refused_naming_both():
+    import argparse
+
+    from tfdist.recipes.tensor_parallel_flags import check_resume_degree
+
+    written_split = {"options": {"tensor_parallel": 2}}
+    with pytest.raises(ValueError, match="written with --tensor-parallel 2, this run has "
+                                         "--tensor-parallel 1: .* Resume with --tensor-parallel 2"):
+        check_resume_degree(argparse.Namespace(tensor_parallel=1), written_split, "b/ckpt-6")
+    with pytest.raises(ValueError, match="written with --tensor-parallel 1, this run has "
+                                         "--tensor-parallel 2"):
+        check_resume_degree(argparse.Namespace(tensor_parallel=2), {"options": {}}, "b/ckpt-6")
+    check_resume_degree(argparse.Namespace(tensor_parallel=2), written_split, "b/ckpt-6")
+    check_resume_degree(argparse.Namespace(tensor_parallel=2), None, "b/ckpt-6")  # unknown

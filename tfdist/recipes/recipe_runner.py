@@ -30,7 +30,7 @@ from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settl
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
-from tfdist.recipes.tensor_parallel_flags import (prepare_split_optimizer,
+from tfdist.recipes.tensor_parallel_flags import (check_resume_degree, prepare_split_optimizer,
                                                   prepare_tensor_parallel_devices,
                                                   tensor_parallel_block)
 from tfdist.recipes.tensor_parallel_flags import trainer_arguments as tensor_parallel_arguments
@@ -550,6 +550,7 @@ def _record_run(recipe, config, resolved, resumed_from, where):
     if resumed_from is not None:
         writer = writer_of_backup(config.model_dir, resumed_from.path)
         reference = writer if writer is not None else read_record(config.model_dir)
+        check_resume_degree(config, reference, resumed_from.path)
         changes = changed_keys(reference, {"options": values, "resolved": resolved})
         if changes:
             logger.warning("Resuming in %s with a different configuration than the run that "

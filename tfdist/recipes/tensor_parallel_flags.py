@@ -100,6 +100,40 @@ def _check_no_cluster(config, k):
             "--tensor-parallel 1.")
 
 
+def check_resume_degree(config, reference, backup):
+    """Refuses to resume a backup written with another `--tensor-parallel` degree.
+
+    A backup holds each shard of a split layer as a variable of its own, so it
+    restores only into the same split.
+
+    Args:
+        config: this run's config.
+        reference: the record (`{"options": {...}, ...}`) of the run that
+            wrote the backup, or None when unknown.
+        backup: the backup's path, for the message.
+
+    Raises:
+        ValueError: the degrees differ (the message names both and the way out).
+
+    Example:
+
+    >>> check_resume_degree(argparse.Namespace(tensor_parallel=1),
+    ...                     {"options": {"tensor_parallel": 2}}, "run/backup/ckpt-6")
+    Traceback (most recent call last):
+    ValueError: The backup run/backup/ckpt-6 was written with --tensor-parallel 2, ...
+    """
+    options = (reference or {}).get("options") or {}
+    written = options.get("tensor_parallel", 1)
+    k = getattr(config, "tensor_parallel", 1)
+    if reference is None or written == k:
+        return
+    raise ValueError(
+        f"The backup {backup} was written with --tensor-parallel {written}, this run has "
+        f"--tensor-parallel {k}: a backup holds each shard of a split layer as a variable of "
+        f"its own and restores only into the same split. Resume with --tensor-parallel "
+        f"{written}, or start over with a new --backup-dir (or --model-dir).")
+
+
 def xla_blocker(config):
     """Why XLA is off with `--tensor-parallel` > 1 (for `--xla auto`), or None.
 
