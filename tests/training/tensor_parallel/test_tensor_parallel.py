@@ -342,9 +342,3 @@ def test_trainer_refuses_what_is_not_supported_yet_by_name():
     with pytest.raises(ValueError, match="default strategy on one worker so far, got "
                                          "MirroredStrategy with 2 replica"):
         Trainer(model, tensor_parallel=2, layout_map=layout())
-
-
-def test_mixed_precision_is_refused_by_name(mixed_bfloat16):
-    with pytest.raises(ValueError, match="dtype policy 'mixed_bfloat16'; tensor_parallel=2 "
-                                         "supports float32 only so far"):
-        Trainer(mlp(), tensor_parallel=2, layout_map=layout())

@@ -1,6 +1,7 @@
 """The engine's features under tensor parallelism (`Trainer(tensor_parallel=2, layout_map=...)`)
 on the session's 2 logical CPUs: an interrupted run resumed from tfdist's backup by a new
-Trainer ends exactly like an uninterrupted one (same degree).
+Trainer ends exactly like an uninterrupted one (same degree); mixed bfloat16 and float16 (with
+loss scaling) train like one device under the same policy.
 """
 
 import keras
@@ -69,3 +70,31 @@ def test_resume_from_a_backup_mid_epoch_equals_an_uninterrupted_run_exactly(tmp_
     # (the shards' momentum slots were restored too, else the weights would differ)
     # The resumed epoch's logs cover the whole epoch (its metric totals were restored).
     np.testing.assert_allclose(history["loss"], reference_history["loss"][1:], rtol=1e-6)
+
+
+# Relative margins of the repo's mixed-precision equivalence tests
+# (tests/training/test_training_precision.py).
+MARGINS = {"mixed_bfloat16": 0.03, "mixed_float16": 0.01}
+
+
+@pytest.mark.parametrize("policy", list(MARGINS))
+def test_mixed_precision_trains_like_one_device_under_the_same_policy(request, policy):
+    request.getfixturevalue(policy)
+    one = mlp()
+    one_losses = Trainer(one).fit(dataset(), epochs=2, verbose=0).history["loss"]
+    two, trainer, history = tensor_parallel_fit()
+    margin = MARGINS[policy]
+    assert all(np.isfinite(history["loss"]))
+    np.testing.assert_allclose(history["loss"], one_losses, rtol=margin)
+    for a, b in zip(two.get_weights(), one.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=margin, atol=margin)
+    assert not np.allclose(two.get_layer("up").kernel, mlp().get_layer("up").kernel, atol=1e-3)
+    compute = policy.split("_")[1]
+    split = trainer.model
+    for name in ("up", "down"):
+        layer = split.get_layer(name)
+        assert layer.compute_dtype == compute and {v.dtype for v in layer.weights} == {"float32"}
+    features = tf.zeros((2, FEATURES))
+    assert split.get_layer("down")(split.get_layer("up")(features)).dtype == compute
+    wrapped = isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert wrapped == (policy == "mixed_float16")

@@ -100,6 +100,29 @@ def on_device(device, function, *inputs):
         return shard(*unique)
 
 
+def sum_partial_products(partials):
+    """The sum of a row-parallel layer's K partial products, in float32, cast back.
+
+    Under a mixed policy (`mixed_bfloat16`, `mixed_float16`) each shard's
+    matmul runs in the compute dtype and its partial product arrives in it
+    (so what travels between devices is half-width). The K partials are added
+    in float32 and the sum rounded to the compute dtype once: on one device
+    the matmul accumulates the whole contraction before its single rounding,
+    so summing in float32 keeps the split layer's output within one rounding
+    of one device's, where K-1 additions in bfloat16 (8 bits of mantissa)
+    would each round again. In float32 the casts are no-ops.
+
+    Example:
+
+    >>> sum_partial_products([tf.ones((2, 3), "bfloat16")] * 2).dtype
+    tf.bfloat16
+    """
+    dtype = partials[0].dtype
+    if dtype == tf.float32 or not dtype.is_floating:
+        return tf.add_n(partials)
+    return tf.cast(tf.add_n([tf.cast(p, tf.float32) for p in partials]), dtype)
+
+
 @keras.saving.register_keras_serializable(package="tfdist")
 class ShardedDense(keras.layers.Layer):
     """A Dense layer split by output channels (column) or input channels (row) over K devices.
@@ -228,7 +251,7 @@ class ShardedDense(keras.layers.Layer):
         partial = [on_device(device, row(index), pieces[index])
                    for index, device in enumerate(self.devices)]
         with tf.device(self.devices[0]):
-            y = tf.add_n(partial)
+            y = sum_partial_products(partial)
             if self.use_bias:
                 y = keras.ops.add(y, self.biases[0])
             if self.activation is not None:
@@ -343,7 +366,8 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
             raise ValueError(f"{heads} heads do not divide by {k} devices.")
         self.heads = []
         for index, device in enumerate(self.devices):
-            shard = dict(config, num_heads=heads // k, name=f"heads_{index}")
+            shard = dict(config, num_heads=heads // k, name=f"heads_{index}",
+                         dtype=self.dtype_policy)  # the layer's policy (mixed precision)
             self.heads.append(keras.layers.MultiHeadAttention.from_config(shard))
 
     @classmethod
@@ -398,7 +422,7 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
                 scores.append(score)
             outputs.append(result)
         with tf.device(self.devices[0]):
-            output = tf.add_n(outputs)
+            output = sum_partial_products(outputs)
             if scores:
                 return output, keras.ops.concatenate(scores, axis=1)
         return output
@@ -491,7 +515,8 @@ class ShardedConv2D(keras.layers.Layer):
         self.filters = filters
         self.channel_axis = 1 if config.get("data_format") == "channels_first" else -1
         self.convs = [keras.layers.Conv2D.from_config(
-            dict(config, filters=filters // k, name=f"filters_{index}"))
+            dict(config, filters=filters // k, name=f"filters_{index}",
+                 dtype=self.dtype_policy))  # the layer's policy (mixed precision)
             for index in range(k)]
 
     @classmethod

@@ -241,8 +241,11 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         ValueError: the model's own train/test/predict step or compute_loss
             (the split copy is a plain Functional model without them),
             model_parallel > 1, a strategy other than the default one, XLA,
-            gradient accumulation, a mixed-precision model, an unbuilt model,
-            or an optimizer that is already built.
+            gradient accumulation, an unbuilt model, or an optimizer that is
+            already built. Mixed precision (`mixed_bfloat16`, `mixed_float16`
+            with loss scaling) is allowed: the split layers keep the model's
+            dtype policy (float32 variables, matmuls in the compute dtype,
+            partial products summed in float32, `sum_partial_products`).
 
     Example:
 
@@ -279,13 +282,6 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         raise ValueError(
             f"grad_accum_steps={grad_accum_steps} is not supported with tensor_parallel={k} "
             "yet. Raise the batch size instead.")
-    policy = model.dtype_policy.name
-    if policy != "float32":
-        raise ValueError(
-            f"The model {model.name!r} has the dtype policy {policy!r}; tensor_parallel={k} "
-            "supports float32 only so far (mixed bfloat16 / float16 with loss scaling are not "
-            "verified). Build the model under keras.mixed_precision.set_global_policy("
-            "'float32').")
     if not model.built:
         raise ValueError(
             f"The model {model.name!r} is not built; tensor_parallel={k} splits a built "
