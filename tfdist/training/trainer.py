@@ -134,8 +134,9 @@ class Trainer:
             layers are split by channels (`tfdist.training.tensor_parallel`),
             `trainer.model`, starting from the model's weights; after each
             `fit` the trained weights are gathered back into `model`. Runs
-            under the default strategy (float32 or a mixed policy), without
-            XLA or gradient accumulation so far (the rest is refused by name).
+            under the default strategy (float32 or a mixed policy, with or
+            without gradient accumulation), without XLA so far (the rest is
+            refused by name).
         layout_map: with tensor_parallel > 1, a `keras.distribution.LayoutMap`
             (variable path pattern -> which axis is sharded over the mesh's
             model axis).

@@ -319,8 +319,6 @@ def test_trainer_refuses_what_is_not_supported_yet_by_name():
         Trainer(mlp(), tensor_parallel=2)
     with pytest.raises(ValueError, match="with model_parallel=2"):
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), model_parallel=2)
-    with pytest.raises(ValueError, match="grad_accum_steps=2 is not supported with tensor"):
-        Trainer(mlp(), tensor_parallel=2, layout_map=layout(), grad_accum_steps=2)
     with pytest.raises(ValueError, match="jit_compile=True is not supported with tensor"):
         Trainer(mlp(), tensor_parallel=2, layout_map=layout(), jit_compile=True)
     class OwnStep(keras.Model):

@@ -1,7 +1,8 @@
 """The engine's features under tensor parallelism (`Trainer(tensor_parallel=2, layout_map=...)`)
 on the session's 2 logical CPUs: an interrupted run resumed from tfdist's backup by a new
 Trainer ends exactly like an uninterrupted one (same degree); mixed bfloat16 and float16 (with
-loss scaling) train like one device under the same policy.
+loss scaling) train like one device under the same policy; K accumulated micro-batches
+equal one K-times larger batch.
 """
 
 import keras
@@ -39,11 +40,11 @@ def layout():
     return layout_map
 
 
-def dataset(seed=0):
+def dataset(seed=0, rows=ROWS, batch=BATCH):
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
-    y = rng.integers(0, CLASSES, size=(ROWS,)).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    x = rng.normal(size=(rows, FEATURES)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(rows,)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 
 
 def tensor_parallel_fit(callbacks=(), epochs=2):
@@ -98,3 +99,20 @@ def test_mixed_precision_trains_like_one_device_under_the_same_policy(request, p
     assert split.get_layer("down")(split.get_layer("up")(features)).dtype == compute
     wrapped = isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert wrapped == (policy == "mixed_float16")
+
+
+def test_accumulated_micro_batches_equal_one_big_batch_on_one_device():
+    one = mlp()
+    one_history = Trainer(one).fit(dataset(rows=64, batch=2 * BATCH), epochs=2,
+                                   verbose=0).history
+    two = mlp()
+    trainer = Trainer(two, tensor_parallel=2, layout_map=layout(), grad_accum_steps=2)
+    history = trainer.fit(dataset(rows=64, batch=BATCH), epochs=2, verbose=0).history
+    assert int(trainer.optimizer.iterations.numpy()) == 2 * 64 // (2 * BATCH)
+    np.testing.assert_allclose(history["loss"], one_history["loss"], rtol=1e-5)
+    for a, b in zip(two.get_weights(), one.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(two.get_layer("up").kernel, mlp().get_layer("up").kernel, atol=1e-3)
+    # One float32 buffer per variable of the split copy (each shard its own).
+    buffers = trainer.step_functions.accumulator.gradients
+    assert [b.shape for b in buffers] == [v.shape for v in trainer.model.trainable_variables]

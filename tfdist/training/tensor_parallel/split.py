@@ -234,15 +234,16 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         model: the model to split.
         strategy: the trainer's strategy.
         tensor_parallel: K > 1.
-        model_parallel, jit_compile, grad_accum_steps: the trainer's settings.
+        model_parallel, jit_compile, grad_accum_steps: the trainer's settings
+            (any `grad_accum_steps`: the accumulation buffers are made for the
+            split copy's variables, one per shard).
         hooks: `tfdist.training.model_hooks.own_hooks(model)` (None: none).
 
     Raises:
         ValueError: the model's own train/test/predict step or compute_loss
             (the split copy is a plain Functional model without them),
             model_parallel > 1, a strategy other than the default one, XLA,
-            gradient accumulation, an unbuilt model, or an optimizer that is
-            already built. Mixed precision (`mixed_bfloat16`, `mixed_float16`
+            an unbuilt model, or an optimizer that is already built. Mixed precision (`mixed_bfloat16`, `mixed_float16`
             with loss scaling) is allowed: the split layers keep the model's
             dtype policy (float32 variables, matmuls in the compute dtype,
             partial products summed in float32, `sum_partial_products`).
@@ -278,10 +279,6 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
             f"jit_compile=True is not supported with tensor_parallel={k} yet: XLA compiles "
             "one function for one device, while each shard runs on its own device. Pass "
             "jit_compile=False.")
-    if grad_accum_steps > 1:
-        raise ValueError(
-            f"grad_accum_steps={grad_accum_steps} is not supported with tensor_parallel={k} "
-            "yet. Raise the batch size instead.")
     if not model.built:
         raise ValueError(
             f"The model {model.name!r} is not built; tensor_parallel={k} splits a built "
