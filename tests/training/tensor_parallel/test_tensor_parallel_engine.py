@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from helpers.interrupt import Interrupted, InterruptAfterSteps
 from tfdist.callbacks.backup import BackupAndResume
+from tfdist.training.tensor_parallel.layers import sum_partial_products
 from tfdist.training import Trainer
 
 FEATURES, CLASSES, ROWS, BATCH = 12, 5, 72, 8  # 9 batches per epoch
@@ -100,6 +101,16 @@ def test_mixed_precision_trains_like_one_device_under_the_same_policy(request, p
     wrapped = isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
     assert wrapped == (policy == "mixed_float16")
 
+
+
+def test_partial_products_are_summed_in_float32_and_rounded_once():
+    # bfloat16 spaces numbers near 1 by 2**-7: adding 2**-8 twice in bfloat16 rounds back to
+    # 1 each time; in float32 the two make 2**-7, and the sum rounds to 1 + 2**-7 once.
+    partials = [tf.constant([1.0], tf.bfloat16)] + [tf.constant([2.0 ** -8], tf.bfloat16)] * 2
+    total = sum_partial_products(partials)
+    assert total.dtype == tf.bfloat16
+    assert float(total[0]) == 1.0 + 2.0 ** -7
+    assert float(sum_partial_products([tf.constant([1.5])] * 2)[0]) == 3.0
 
 def test_accumulated_micro_batches_equal_one_big_batch_on_one_device():
     one = mlp()
