@@ -47,13 +47,24 @@ def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys):
     assert rest_mib[0] > 0 and rest_mib[1] == 0, line  # the replicated rest is on the first device
 
 
+def test_transformer_split_runs_bfloat16_with_accumulation(capsys, mixed_bfloat16):
+    """The recipe passes --precision bf16 and --grad-accum-steps to the split (their equality
+    with one device is checked at the Trainer, tests/training/tensor_parallel/). The
+    `mixed_bfloat16` fixture puts the global policy back afterwards (the recipe sets it)."""
+    flags = [flag for flag in SHORT if flag not in ("--precision", "float32")]
+    assert transformer.main([*flags, "--precision", "bf16", "--grad-accum-steps", "2",
+                             "--tensor-parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "mixed_bfloat16" in out and "(6 layers split)" in out, out
+    losses = [float(figure) for figure in re.findall(r"(?<!val_)loss: ([0-9.]+)", out)]
+    assert losses and all(0 < loss < 20 for loss in losses), out
+
+
 @pytest.mark.parametrize("recipe,flags,words", [
     (transformer, ["--strategy", "mirrored"], ["--strategy mirrored", "--strategy auto"]),
     (transformer, ["--devices", "2"], ["--devices 2", "Drop --devices"]),
     (transformer, ["--model-parallel", "2"], ["--model-parallel 2", "Use one of them"]),
     (transformer, ["--xla", "on"], ["--xla on", "--xla off or auto"]),
-    (transformer, ["--grad-accum-steps", "2"], ["--grad-accum-steps 2", "--global-batch-size"]),
-    (transformer, ["--precision", "bf16"], ["--precision mixed_bfloat16", "--precision float32"]),
 ])
 def test_what_the_split_cannot_do_yet_is_refused_before_tensorflow(recipe, flags, words):
     config = parse_config([*flags, "--tensor-parallel", "2"], recipe.RECIPE.all_options(),

@@ -9,9 +9,9 @@ own (`Recipe.layout_map`: the transformer recipe uses
 `tfdist.models.resnet_layout_map`). What the split does not support yet is
 refused from the flags, before TensorFlow starts, naming the flag and the
 way out: another strategy than `auto`/`default` (data parallelism on top),
-`--devices`, `--model-parallel`, `--xla on`, `--grad-accum-steps`, a half
-precision. `--strategy auto` resolves to `default`, `--precision auto` to
-float32 and `--xla auto` to off.
+`--devices`, `--model-parallel`, `--xla on`. `--strategy auto` resolves to
+`default`, `--precision auto` to float32 (an explicit `--precision bf16` /
+`fp16` runs mixed, `--grad-accum-steps` accumulates) and `--xla auto` to off.
 
 Example:
 
@@ -70,14 +70,6 @@ def check_tensor_parallel_flags(recipe, config):
         raise ConfigError(
             f"--xla on is not supported with --tensor-parallel {k} yet: XLA compiles one "
             "function for one device, and each shard runs on its own. Use --xla off or auto.")
-    if config.grad_accum_steps > 1:
-        raise ConfigError(
-            f"--grad-accum-steps {config.grad_accum_steps} is not supported with "
-            f"--tensor-parallel {k} yet. Raise --global-batch-size instead.")
-    if config.precision not in ("auto", "float32"):
-        raise ConfigError(
-            f"--precision {config.precision} is not supported with --tensor-parallel {k} yet "
-            "(the split runs float32 only so far). Use --precision float32 (or auto).")
 
 
 def _check_no_cluster(config, k):
@@ -149,22 +141,22 @@ def xla_blocker(config):
 
 
 def precision_under_tensor_parallel(config, precision):
-    """`precision`, or float32 with the reason when `--tensor-parallel` > 1 (auto only).
-
-    Explicit half precisions were refused before TensorFlow started.
+    """`precision`, or float32 with the reason when `--tensor-parallel` > 1 and `--precision`
+    is auto (an explicit half precision is kept: the split runs it, but auto does not choose
+    it there unmeasured).
 
     Example:
 
     >>> precision_under_tensor_parallel(config, PrecisionChoice("mixed_bfloat16", "auto: GPU"))
-    PrecisionChoice(policy='float32', reason='auto: tensor parallelism ... float32 only so far')
+    PrecisionChoice(policy='float32', reason='auto: tensor parallelism ... keeps float32 ...')
     """
     k = getattr(config, "tensor_parallel", 1)
-    if k == 1 or precision.policy == "float32":
+    if k == 1 or precision.policy == "float32" or getattr(config, "precision", "auto") != "auto":
         return precision
     from tfdist.precision import PrecisionChoice
 
-    return PrecisionChoice("float32", f"auto: tensor parallelism (--tensor-parallel {k}) runs "
-                                      "float32 only so far")
+    return PrecisionChoice("float32", f"auto: tensor parallelism (--tensor-parallel {k}) keeps "
+                                      "float32 under auto (ask for --precision bf16 or fp16)")
 
 
 def prepare_tensor_parallel_devices(config, gpus):

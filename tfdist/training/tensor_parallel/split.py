@@ -243,10 +243,11 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         ValueError: the model's own train/test/predict step or compute_loss
             (the split copy is a plain Functional model without them),
             model_parallel > 1, a strategy other than the default one, XLA,
-            an unbuilt model, or an optimizer that is already built. Mixed precision (`mixed_bfloat16`, `mixed_float16`
-            with loss scaling) is allowed: the split layers keep the model's
-            dtype policy (float32 variables, matmuls in the compute dtype,
-            partial products summed in float32, `sum_partial_products`).
+            an unbuilt model, or an optimizer that is already built. Mixed
+            precision (`mixed_bfloat16`, `mixed_float16` with loss scaling)
+            is allowed: the split layers keep the model's dtype policy
+            (float32 variables, matmuls in the compute dtype, partial
+            products summed in float32, `sum_partial_products`).
 
     Example:
 
