@@ -7,12 +7,14 @@ Example:
 """
 
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
+from tfdist.models.layout_maps import decoder_lm_layout_map, resnet_layout_map
 from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
 from tfdist.models.regularization import (SparseLabelSmoothingCrossentropy, decay_mask,
                                           exclude_from_weight_decay, is_weight_decayed,
                                           no_decay_variables, sparse_label_smoothing_loss)
 from tfdist.models.sharded_embedding import ShardedEmbedding
-from tfdist.models.resnet import RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name
+from tfdist.models.resnet import (RESNET_NAMES, build_resnet, resnet_flops_per_example, resnet_name,
+                                  resnet_stages)
 from tfdist.models.decoding import (beam_search_decode, gnmt_length_penalty, greedy_decode,
                                     sequence_scores)
 from tfdist.models.seq2seq import (SEQ2SEQ_SIZES, CrossAttentionDecoderBlock, EncoderBlock,
@@ -28,6 +30,7 @@ from tfdist.models.transformer_lm import (
 )
 
 __all__ = [
+    "decoder_lm_layout_map",
     "RESNET_NAMES",
     "SEQ2SEQ_SIZES",
     "CrossAttentionDecoderBlock",
@@ -47,6 +50,8 @@ __all__ = [
     "no_decay_variables",
     "resnet_flops_per_example",
     "resnet_name",
+    "resnet_stages",
+    "resnet_layout_map",
     "sparse_label_smoothing_loss",
     "TRANSFORMER_SIZES",
     "DecoderBlock",

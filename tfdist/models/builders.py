@@ -34,7 +34,9 @@ class BuiltModel:
         flops_per_example: model training FLOPs per example, for MFU.
         prepare_optimizer: called with the optimizer once it is built (still
             in the strategy scope), e.g. to exclude variables from weight
-            decay; None for nothing.
+            decay, and optionally the model it will train (default `model`;
+            a tensor-parallel split copy has variables of its own); None
+            for nothing.
         xla_blocker: why the replica step of this model cannot be compiled
             with XLA, or None when it can.
 
@@ -182,5 +184,6 @@ def build_image_classifier(model_name, num_classes, image_size, *, sync_bn=False
                      f"{'synchronised' if sync_bn else 'per-replica'} batch norm"),
         flops_per_example=resnet_flops_per_example(model, image_size),
         # Batch-norm scales/offsets and biases are not decayed.
-        prepare_optimizer=lambda optimizer: exclude_from_weight_decay(optimizer, model),
+        prepare_optimizer=lambda optimizer, trained=None: exclude_from_weight_decay(
+            optimizer, model if trained is None else trained),
         xla_blocker=SYNC_BN_XLA_BLOCKER if sync_bn else None)

@@ -188,6 +188,17 @@ class _Builder:
         return keras.layers.ReLU(name=f"{prefix}_out")(y)
 
 
+def resnet_stages(depth_or_name):
+    """The number of stages (residual block groups) of a ResNet; the last one is the widest.
+
+    Example:
+
+    >>> resnet_stages("resnet_tiny"), resnet_stages(50)
+    (3, 4)
+    """
+    return len(_SPECS[resnet_name(depth_or_name)].stage_blocks)
+
+
 def build_resnet(depth_or_name, num_classes, input_shape, *, synchronized_bn=False,
                  width=None, bn_momentum=0.9, dropout=0.0, stem="auto", name=None):
     """Builds a ResNet image classifier (channels-last) that outputs logits.

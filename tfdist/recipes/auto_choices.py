@@ -24,6 +24,8 @@ from tfdist.precision import PrecisionChoice
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer
 from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
 from tfdist.recipes.record import config_values
+from tfdist.recipes.tensor_parallel_flags import precision_under_tensor_parallel
+from tfdist.recipes.tensor_parallel_flags import xla_blocker as tensor_parallel_xla_blocker
 from tfdist.xla import resolve_xla
 
 
@@ -46,6 +48,8 @@ def skip_reason(config, info):
                 "and --xla)")
     if getattr(config, "model_parallel", 1) > 1:
         return "autotune skipped with --model-parallel (pipeline stages); the rules decide"
+    if getattr(config, "tensor_parallel", 1) > 1:
+        return "autotune skipped with --tensor-parallel (split layers); the rules decide"
     return None
 
 
@@ -167,10 +171,11 @@ def rule_choices(recipe, config, on_gpu):
     """
     from tfdist.precision import resolve_precision
 
-    precision = resolve_precision(config.precision)
+    precision = precision_under_tensor_parallel(config, resolve_precision(config.precision))
     jit_compile, xla_reason = resolve_xla(config.xla, precision.policy, on_gpu=on_gpu)
     blocker = (recipe.xla_blocker(config) if recipe.xla_blocker else None) or (
-        model_parallel_xla_blocker(config)) or parameter_server_xla_blocker(config)
+        model_parallel_xla_blocker(config)) or tensor_parallel_xla_blocker(config) or (
+        parameter_server_xla_blocker(config))
     jit_compile, xla_reason = respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
     return precision, jit_compile, xla_reason
 

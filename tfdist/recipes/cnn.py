@@ -113,6 +113,20 @@ def xla_blocker(config):
     return None
 
 
+def layout_map(config, device_mesh):
+    """How `--tensor-parallel K` splits the ResNet: `tfdist.models.resnet_layout_map`
+    (the last stage's convolutions by output channels).
+
+    Example:
+
+    >>> layout_map(config, keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"]))
+    <...LayoutMap object at ...>
+    """
+    from tfdist.models import resnet_layout_map
+
+    return resnet_layout_map(device_mesh, config.model)
+
+
 def train_examples(config):
     """Training examples known before reading any data (the embedded shapes), or None."""
     return config.num_examples if config.dataset == "shapes" else None
@@ -123,7 +137,7 @@ RECIPE = Recipe(
     description="Train a ResNet image classifier under any tf.distribute strategy.",
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
     xla_blocker=xla_blocker, train_examples=train_examples,
-    epilog=EPILOG)
+    epilog=EPILOG, layout_map=layout_map)
 
 main = RECIPE.main
 

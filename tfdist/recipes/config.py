@@ -188,6 +188,12 @@ COMMON_OPTIONS = [
            "Split the model's layers into K pipeline stages on K devices of every worker (K GPUs, "
            "or the CPU split into K logical devices); data parallelism then runs across workers.",
            minimum=1, normalize=lambda count: check_device_count(count, "--model-parallel")),
+    Option("tensor_parallel", int, 1,
+           "Split the model's large layers themselves over K devices of this worker (K GPUs, or "
+           "the CPU split into K logical devices) by the recipe's layout: the transformer's "
+           "attention by heads and MLP by channels, the ResNet's last-stage convolutions by "
+           "output channels; one replica (float32 or mixed, accumulation allowed), no XLA so far.",
+           minimum=1, normalize=lambda count: check_device_count(count, "--tensor-parallel")),
     Option("micro_batches", int, None,
            "Micro-batches per step with --model-parallel K > 1 (GPipe; default 2K).", minimum=1),
     Option("steps_per_execution", int, 1, "Training steps run inside one tf.function call.", minimum=1),

@@ -13,6 +13,7 @@ from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
+from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
 from tfdist.runtime.gpu_memory import check_allow_growth_env
 from tfdist.schedules.choices import MIN_STEPS_AFTER_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN
 
@@ -42,6 +43,7 @@ def check_before_tensorflow(recipe, config):
         raise ConfigError(f"--all-reduce: {error}") from None
     check_cluster_resolver(config)
     check_model_parallel_flags(config)
+    check_tensor_parallel_flags(recipe, config)
     if recipe.check_config is not None:
         recipe.check_config(config)
     try:

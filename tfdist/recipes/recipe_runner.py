@@ -30,6 +30,10 @@ from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settl
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
+from tfdist.recipes.tensor_parallel_flags import (check_resume_degree, prepare_split_optimizer,
+                                                  prepare_tensor_parallel_devices,
+                                                  tensor_parallel_block)
+from tfdist.recipes.tensor_parallel_flags import trainer_arguments as tensor_parallel_arguments
 from tfdist.recipes.preflight import check_before_tensorflow, check_warmup
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_steps
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
@@ -91,6 +95,9 @@ class Recipe:
             backups and loggers, so that what they add to an epoch's logs
             is written to the CSV, TensorBoard, the results block and the
             run record; None for none.
+        layout_map: `(config, device_mesh) -> keras.distribution.LayoutMap`:
+            how `--tensor-parallel K` splits the recipe's model; None when the
+            recipe has no layout (then `--tensor-parallel` > 1 is refused).
 
     Example:
 
@@ -111,6 +118,7 @@ class Recipe:
     epilog: str = None
     check_config: Callable = None
     callbacks: Callable = None
+    layout_map: Callable = None
 
     def main(self, argv=None):
         """Runs the recipe; returns the exit code (0 on success, 2 on bad input)."""
@@ -384,7 +392,8 @@ def _train(recipe, config, where):
     from tfdist.training import Trainer
 
     devices = prepare_model_parallel_devices(config, gpus)  # K stage devices exist first
-    strategy = create_strategy(config.strategy, devices=devices, all_reduce=config.all_reduce,
+    strategy_name = prepare_tensor_parallel_devices(config, gpus)  # K shard devices too
+    strategy = create_strategy(strategy_name, devices=devices, all_reduce=config.all_reduce,
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)
     where["collective_workers"] = info.num_workers if info.name != "parameter_server" else 1
@@ -429,7 +438,9 @@ def _train(recipe, config, where):
         trainer = Trainer(built.model, optimizer, built.loss, built.metrics, strategy=strategy,
                           jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
-                          **model_parallel_arguments(config))
+                          **model_parallel_arguments(config),
+                          **tensor_parallel_arguments(recipe, config))
+        prepare_split_optimizer(built, trainer)
 
     # The record (config.yaml) keeps the choices and their reasons, not where
     # they came from: a resumed run that reads the cached decision is the
@@ -450,6 +461,8 @@ def _train(recipe, config, where):
                      autotune_summary))
     if trainer.stage_plan is not None:
         say(stage_plan_block(trainer))
+    if trainer.shard_plan is not None:
+        say(tensor_parallel_block(trainer))
     meter = ThroughputMeter(
         global_batch_size=config.global_batch_size, num_replicas=info.num_replicas,
         tokens_per_example=data.tokens_per_example, flops_per_example=built.flops_per_example,
@@ -566,6 +579,7 @@ def _record_run(recipe, config, resolved, resumed_from, where):
     if resumed_from is not None:
         writer = writer_of_backup(config.model_dir, resumed_from.path)
         reference = writer if writer is not None else read_record(config.model_dir)
+        check_resume_degree(config, reference, resumed_from.path)
         changes = changed_keys(reference, {"options": values, "resolved": resolved})
         if changes:
             logger.warning("Resuming in %s with a different configuration than the run that "

@@ -156,6 +156,20 @@ def parameter_server_count():
     return len(cluster_spec(strategy).get("ps", ())) if is_parameter_server(strategy) else 0
 
 
+def layout_map(config, device_mesh):
+    """How `--tensor-parallel K` splits the decoder LM: `tfdist.models.decoder_lm_layout_map`
+    (every block's attention by heads, its feed-forward pair by channels).
+
+    Example:
+
+    >>> layout_map(config, keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"]))
+    <...LayoutMap object at ...>
+    """
+    from tfdist.models import decoder_lm_layout_map
+
+    return decoder_lm_layout_map(device_mesh)
+
+
 def train_examples(config):
     """Training examples known before reading any data (an embedded task), or None."""
     from tfdist.data.specs import dataset_scheme
@@ -167,7 +181,7 @@ RECIPE = Recipe(
     name="transformer",
     description="Train a Transformer decoder language model under any tf.distribute strategy.",
     options=OPTIONS, defaults=DEFAULTS, build_data=build_data, build_model=build_model,
-    train_examples=train_examples, epilog=EPILOG)
+    train_examples=train_examples, epilog=EPILOG, layout_map=layout_map)
 
 main = RECIPE.main
 

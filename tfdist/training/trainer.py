@@ -8,6 +8,7 @@ that callbacks use is `tfdist.training.resume`.
 """
 
 import collections
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -28,8 +29,10 @@ from tfdist.training.own_step import OWN_STEP_HOOKS, StepFunctionsWithOwnSteps
 from tfdist.training.model_parallel.gpipe import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
 from tfdist.training.model_parallel.placement import (deferred_build, place_metric_variables, place_stages,
-                                       stage_devices)
+                                       stage_devices, updates_on_variable_devices)
 from tfdist.training.model_parallel.stages import plan_stages, split_model
+from tfdist.training.tensor_parallel import layout as tensor_layout
+from tfdist.training.tensor_parallel import split as tensor_split
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
@@ -125,6 +128,18 @@ class Trainer:
             default `2 * K`).
         stage_boundaries: with K > 1, the names of the K-1 layers where
             stages 1..K-1 begin (default: the split rule chooses).
+        tensor_parallel: K, the number of devices of this worker the layers
+            that `layout_map` names are split over (an integer >= 1; 1: no
+            split). K > 1 trains a copy of the model whose named Dense
+            layers are split by channels (`tfdist.training.tensor_parallel`),
+            `trainer.model`, starting from the model's weights; after each
+            `fit` the trained weights are gathered back into `model`. Runs
+            under the default strategy (float32 or a mixed policy, with or
+            without gradient accumulation), without XLA so far (the rest is
+            refused by name).
+        layout_map: with tensor_parallel > 1, a `keras.distribution.LayoutMap`
+            (variable path pattern -> which axis is sharded over the mesh's
+            model axis).
 
     Example:
 
@@ -138,7 +153,7 @@ class Trainer:
     def __init__(self, model, optimizer=None, loss=None, metrics=None, *, loss_weights=None,
                  weighted_metrics=None, strategy=None, jit_compile=None, grad_accum_steps=1,
                  clip_norm=None, steps_per_execution=None, model_parallel=1, micro_batches=None,
-                 stage_boundaries=None):
+                 stage_boundaries=None, tensor_parallel=1, layout_map=None):
         if not isinstance(model, keras.Model):
             raise TypeError(f"model must be a keras.Model, got {type(model).__name__}.")
         self.strategy = strategy if strategy is not None else _model_strategy(model)
@@ -180,8 +195,32 @@ class Trainer:
                                     jit_compile=self.jit_compile, grad_accum_steps=grad_accum_steps)
             if model.built:
                 self.stage_plan = self._plan_stages()
+        self.source_model = model
+        """The model given to the Trainer (with tensor_parallel > 1, `model` is its split copy)."""
+        self.tensor_parallel = tensor_split.check_tensor_parallel_arguments(tensor_parallel,
+                                                                            layout_map)
+        self.shard_plan = None
+        """The `ShardPlan` (split layers, devices) with tensor_parallel > 1."""
+        if self.tensor_parallel > 1:
+            self._split_layers(layout_map)
         self._steps = None
         self._predict_steps = None
+
+    def _split_layers(self, layout_map):
+        """Replaces `self.model` by its tensor-parallel split copy (tensor_parallel > 1)."""
+        model = self.model
+        tensor_split.check_tensor_parallel_settings(
+            model, self.strategy, tensor_parallel=self.tensor_parallel,
+            model_parallel=self.model_parallel, jit_compile=self.jit_compile,
+            grad_accum_steps=self.grad_accum_steps, hooks=self.hooks)
+        plan = tensor_layout.plan_shards(model, layout_map, self.tensor_parallel)
+        self.shard_plan = plan.with_devices(tensor_split.shard_devices(self.tensor_parallel))
+        split = tensor_split.split_model(model, self.shard_plan)
+        tensor_split.compile_like(split, model)
+        self.model = split
+        self.hooks = own_hooks(split)
+        self._use_compiled_settings(compile_model(split, self.strategy))
+        self._followed = ModelState.of(split)
 
     def _use_compiled_settings(self, settings):
         """Takes the execution settings of the model's compile() (the trainer's own
@@ -208,12 +247,12 @@ class Trainer:
         state = ModelState.of(self.model)
         if state.same_as(self._followed):
             return
-        if self.model_parallel > 1:
+        if self.model_parallel > 1 or self.tensor_parallel > 1:
             raise ValueError(
                 f"The model {self.model.name!r} was compiled again or its trainable "
                 "variables changed after its Trainer(model_parallel="
-                f"{self.model_parallel}) split it into stages, which cannot follow the "
-                "change. Create a new Trainer for the changed model.")
+                f"{self.model_parallel}, tensor_parallel={self.tensor_parallel}) split it, "
+                "which cannot follow the change. Create a new Trainer for the changed model.")
         if state.compile_config is not self._followed.compile_config:
             self._use_compiled_settings(
                 compile_model(self.model, self.strategy, **self._compile_overrides))
@@ -339,16 +378,22 @@ class Trainer:
                                replays_consumed_batches=positionable is None,
                                starts_input_at_position=positionable is not None)
         setattr(self.model, FIT_POSITION_ATTRIBUTE, position)
+        # With tensor_parallel > 1, each shard's update is computed on its device (traced here).
+        updates_placed = (updates_on_variable_devices(self.optimizer)
+                          if self.tensor_parallel > 1 else contextlib.nullcontext())
         try:
-            training_logs, initial_epoch = self._fit_epochs(
-                data, val_data, steps, epochs, steps_per_epoch, validation_steps,
-                validation_freq, callback_list, initial_epoch, position, positionable)
+            with updates_placed:
+                training_logs, initial_epoch = self._fit_epochs(
+                    data, val_data, steps, epochs, steps_per_epoch, validation_steps,
+                    validation_freq, callback_list, initial_epoch, position, positionable)
         finally:
             setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
         if epochs > initial_epoch and self.optimizer is not None:
             # Copies moving averages into the model when the optimizer keeps them.
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
         callback_list.on_train_end(logs=training_logs)
+        if self.tensor_parallel > 1:
+            tensor_split.gather_weights(self.model, self.source_model)
         return getattr(self.model, "history", None)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,

@@ -1,0 +1,86 @@
+"""Tensor-parallel layouts of tfdist's own models, as Keras `LayoutMap`s.
+
+Like keras-hub's `Backbone.get_layout_map()`: variable path patterns mapped
+to which axis is sharded over the mesh's model axis, for
+`Trainer(model, tensor_parallel=K, layout_map=...)`
+(`tfdist.training.tensor_parallel`).
+
+Example:
+
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["gpu:0", "gpu:1"])
+    Trainer(model, tensor_parallel=2, layout_map=decoder_lm_layout_map(mesh))
+    Trainer(resnet, tensor_parallel=2, layout_map=resnet_layout_map(mesh, "resnet50"))
+"""
+
+import keras
+
+from tfdist.models.resnet import resnet_stages
+
+
+def decoder_lm_layout_map(device_mesh, model_axis="model"):
+    """The Megatron layout of `build_decoder_lm`'s blocks: attention by heads, MLP by channels.
+
+    In every `DecoderBlock`, the self-attention is split by heads (query, key
+    and value kernels `(in, heads, head_dim)` as `(None, model, None)`, their
+    biases `(model, None)`, the output kernel `(heads, head_dim, out)` as
+    `(model, None, None)`, its bias replicated), `ffn_in` (`Dense(d_ff,
+    gelu)`) by output channels (column-parallel: kernel `(None, model)`, bias
+    `(model,)`) and `ffn_out` (`Dense(d_model)`) by input channels
+    (row-parallel: kernel `(model, None)`, bias replicated): one sum of
+    partial products per attention and one per MLP, forward. `num_heads` and
+    `d_ff` must divide by the size of the model axis. Embeddings, norms and
+    the output projection stay replicated.
+
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh` whose `model_axis` has
+            K devices.
+        model_axis: the name of the mesh axis the layers are split over.
+
+    Returns:
+        A `keras.distribution.LayoutMap`.
+
+    Example:
+
+    >>> mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    >>> decoder_lm_layout_map(mesh)["block_3/ffn_out/kernel"].axes
+    ('model', None)
+    """
+    layout_map = keras.distribution.LayoutMap(device_mesh)
+    layout_map[r"block_\d+/attention/(query|key|value)/kernel"] = (None, model_axis, None)
+    layout_map[r"block_\d+/attention/(query|key|value)/bias"] = (model_axis, None)
+    layout_map[r"block_\d+/attention/attention_output/kernel"] = (model_axis, None, None)
+    layout_map[r"block_\d+/ffn_in/kernel"] = (None, model_axis)
+    layout_map[r"block_\d+/ffn_in/bias"] = (model_axis,)
+    layout_map[r"block_\d+/ffn_out/kernel"] = (model_axis, None)
+    return layout_map
+
+
+def resnet_layout_map(device_mesh, model_name="resnet_tiny", model_axis="model"):
+    """The layout of `build_resnet(model_name, ...)`: its widest convolutions split by filters.
+
+    Every convolution of the last (widest) stage, `stage<N>_block<b>_conv<c>`
+    and the projection `stage<N>_block1_proj_conv`, has its kernel
+    `(kh, kw, in, filters)` laid out `(None, None, None, model)`: each device
+    computes its share of the output channels, gathered on the first device
+    for the batch norm after it (not split). The stage's widths (64 filters
+    for resnet_tiny, 512 or 2048 for the others) must divide by the size of
+    the model axis. Everything else is replicated.
+
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh` whose `model_axis` has K devices.
+        model_name: the ResNet (a name or depth `resnet_name` accepts).
+        model_axis: the name of the mesh axis the convolutions are split over.
+
+    Returns:
+        A `keras.distribution.LayoutMap`.
+
+    Example:
+
+    >>> mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    >>> resnet_layout_map(mesh, "resnet_tiny")["stage3_block1_conv2/kernel"].axes
+    (None, None, None, 'model')
+    """
+    last = resnet_stages(model_name)
+    layout_map = keras.distribution.LayoutMap(device_mesh)
+    layout_map[rf"stage{last}_block\d+_(conv\d|proj_conv)/kernel"] = (None, None, None, model_axis)
+    return layout_map

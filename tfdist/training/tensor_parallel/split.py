@@ -1,0 +1,292 @@
+"""Building the split model from the user's model, and the Trainer's tensor-parallel checks.
+
+`split_model` clones a Functional or Sequential model
+(`keras.models.clone_model`) with every layer the plan names replaced by a
+`ShardedDense` whose shards sit on the plan's devices, and copies the
+original weights in (each shard its slice), so the split model starts from
+the very same weights. A Dense held as an attribute of a top-level layer (a
+Transformer block's `ffn_in`) is replaced in the clone of that layer before
+it is built (the clone keeps an unbuilt, weightless Dense in its layer list,
+which saving and checkpoints skip). Replicated layers are plain clones; their variables
+and their computation are on the first device (TensorFlow's default device,
+where ops without a device run). `gather_weights` copies the trained weights
+back into the original model (each split kernel gathered from its shards).
+
+The original model keeps its full weights (it is the source of the split);
+for a model too big for one accelerator, build it on the host
+(`with tf.device("/cpu:0"):`), so only the split model's shards occupy the
+accelerators.
+
+Example:
+
+    plan = plan_shards(model, layout_map, 2).with_devices(shard_devices(2))
+    split = split_model(model, plan)
+    ...
+    gather_weights(split, model)
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist.seam import direct_sublayers, model_compile_config
+from tfdist.training.tensor_parallel.layers import (FILTERS, HEADS, ShardedConv2D, ShardedDense,
+                                                    ShardedMultiHeadAttention)
+from tfdist.runtime.argtypes import check_int_at_least
+
+
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D)
+"""The layer classes a split model's split layers have."""
+
+
+class ShardPlacementError(RuntimeError):
+    """This worker has fewer devices than the tensor-parallel degree asks for."""
+
+
+def shard_devices(num_shards):
+    """The K devices of this worker that the K shards live on: GPU i (else CPU i).
+
+    Without GPUs the CPU must have been split into K logical devices before
+    TensorFlow started (`tfdist.distribute.devices.split_cpu_into_logical_devices(K)`).
+
+    Raises:
+        ShardPlacementError: fewer than K devices (the message says how to get them).
+
+    Example:
+
+    >>> shard_devices(2)
+    ['/device:CPU:0', '/device:CPU:1']
+    """
+    device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    found = tf.config.list_logical_devices(device_type)
+    if len(found) < num_shards:
+        way_out = (f"make {num_shards} GPUs visible (CUDA_VISIBLE_DEVICES)"
+                   if device_type == "GPU" else
+                   f"split the CPU into {num_shards} logical devices before TensorFlow starts: "
+                   f"tfdist.distribute.devices.split_cpu_into_logical_devices({num_shards}) at "
+                   "the top of the program")
+        raise ShardPlacementError(
+            f"tensor_parallel={num_shards} needs {num_shards} {device_type} devices on this "
+            f"worker, one per shard, but it has {len(found)}: {[d.name for d in found]}. Use "
+            f"tensor_parallel <= {max(len(found), 1)}, or {way_out}.")
+    return [f"/device:{device_type}:{index}" for index in range(num_shards)]
+
+
+def split_model(model, plan):
+    """The model with the plan's layers split over the plan's devices, same weights.
+
+    Args:
+        model: the built Functional or Sequential `keras.Model` the plan was made for.
+        plan: a `ShardPlan` with devices.
+
+    Returns:
+        A new, uncompiled `keras.Model` (same layer names; split layers are
+        `ShardedDense`).
+
+    Example:
+
+    >>> split = split_model(model, plan)
+    >>> split.get_layer("up").kernels[1].value.device
+    '/job:localhost/replica:0/task:0/device:CPU:1'
+    """
+    if plan.devices is None:
+        raise ValueError("The plan has no devices yet: plan.with_devices(shard_devices(K)).")
+
+    inner = {}  # parent layer name -> its split Dense layers
+    for shard in plan.layers:
+        if shard.parent is not None:
+            inner.setdefault(shard.parent, []).append(shard)
+
+    def clone(layer):
+        shard = plan.shard_of(layer.name)
+        if shard is not None:
+            return sharded_layer(layer, shard.style, plan.devices)
+        copy = layer.__class__.from_config(layer.get_config())
+        for shard in inner.get(layer.name, ()):
+            _replace_inner_dense(layer, copy, shard, plan.devices)
+        return copy
+
+    with tf.device(plan.devices[0]):
+        split = keras.models.clone_model(model, clone_function=clone)
+    for original, copy in _dense_pairs(model, split):
+        if isinstance(copy, SHARDED_LAYERS):
+            copy.load_from(original)
+        else:
+            copy.set_weights(original.get_weights())
+    return split
+
+
+def sharded_layer(layer, style, devices):
+    """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a Conv2D split by
+    filters) over `devices`.
+
+    Example:
+
+    >>> sharded_layer(model.get_layer("up"), "column", devices)
+    <ShardedDense name=up, built=False>
+    """
+    if style == HEADS:
+        return ShardedMultiHeadAttention.from_attention(layer, devices)
+    if style == FILTERS:
+        return ShardedConv2D.from_conv(layer, devices)
+    return ShardedDense.from_dense(layer, style, devices)
+
+
+def _replace_inner_dense(original, copy, shard, devices):
+    """Puts a `ShardedDense` where the clone `copy` of `original` holds the Dense `shard` names
+    (before the clone is built, so the Dense it replaces never gets weights)."""
+    dense_name = shard.layer.split("/", 1)[1]
+    attribute = next(name for name, value in vars(original).items()
+                     if isinstance(value, keras.layers.Layer) and value.name == dense_name)
+    layer = getattr(original, attribute)
+    delattr(copy, attribute)
+    setattr(copy, attribute, sharded_layer(layer, shard.style, devices))
+
+
+def gather_weights(split, model):
+    """Copies the split model's weights into `model` (split kernels gathered from their shards).
+
+    Example:
+
+    >>> trainer.fit(x, y)            # trains trainer.model, the split model
+    >>> gather_weights(trainer.model, model)
+    """
+    for original, copy in _dense_pairs(model, split):
+        if isinstance(copy, SHARDED_LAYERS):
+            copy.gather_into(original)
+        else:
+            original.set_weights(copy.get_weights())
+
+
+def _dense_pairs(model, split):
+    """`(original, copy)` pairs covering every weight: layers of the two models with the same
+    name, and inside a layer holding split Dense layers, each of its sub-layers."""
+    originals = {layer.name: layer for layer in model.layers}
+    pairs = []
+    for copy in split.layers:
+        if not copy.weights:
+            continue
+        original = originals[copy.name]
+        sharded_inside = [sub for sub in direct_sublayers(copy)
+                          if isinstance(sub, SHARDED_LAYERS)]
+        if isinstance(copy, SHARDED_LAYERS) or not sharded_inside:
+            pairs.append((original, copy))
+            continue
+        subs = {sub.name: sub for sub in direct_sublayers(original) if sub.weights}
+        pairs += [(subs[sub.name], sub) for sub in direct_sublayers(copy) if sub.weights]
+        held = sum(len(sub.weights) for sub in direct_sublayers(original))
+        if held != len(original.weights):
+            raise ValueError(
+                f"The layer {original.name!r} holds weights of its own besides its sub-layers'; "
+                "tfdist splits a Dense inside a layer only when all the layer's weights are "
+                "its sub-layers'.")
+    return pairs
+
+
+def compile_like(split, model):
+    """Compiles `split` with the arguments of `model`'s last `compile()`.
+
+    The optimizer object is shared, so it must not be built yet: its slot
+    variables are created later, next to each shard.
+
+    Example:
+
+    >>> compile_like(split, model)
+    >>> split.optimizer is model.optimizer
+    True
+    """
+    config = model_compile_config(model)
+    if config is None:
+        raise ValueError(f"The model {model.name!r} is not compiled; compile it (or give the "
+                         "Trainer optimizer= and loss=) before splitting it.")
+    split.compile(**dict(config.config))
+
+
+def check_tensor_parallel_arguments(tensor_parallel, layout_map):
+    """Validates `tensor_parallel` and `layout_map`; returns `tensor_parallel` as an int.
+
+    Raises:
+        ValueError: not an integer >= 1, K > 1 without a layout map, or a
+            layout map with K = 1.
+
+    Example:
+
+    >>> check_tensor_parallel_arguments(1, None)
+    1
+    """
+    check_int_at_least("tensor_parallel", tensor_parallel, 1)
+    if tensor_parallel > 1 and layout_map is None:
+        raise ValueError(
+            f"tensor_parallel={tensor_parallel} needs layout_map=, a keras.distribution."
+            "LayoutMap saying which kernels to split (e.g. layout_map['up/kernel'] = (None, "
+            "'model'); layout_map['down/kernel'] = ('model', None)).")
+    if tensor_parallel == 1 and layout_map is not None:
+        raise ValueError(
+            "layout_map= splits layers over devices only with tensor_parallel=K > 1 (K, the "
+            "size of the layout's model axis); got tensor_parallel=1.")
+    return int(tensor_parallel)
+
+
+def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_parallel,
+                                   jit_compile, grad_accum_steps, hooks=None):
+    """Refuses, by name and with the way out, what tensor parallelism cannot do yet.
+
+    Args:
+        model: the model to split.
+        strategy: the trainer's strategy.
+        tensor_parallel: K > 1.
+        model_parallel, jit_compile, grad_accum_steps: the trainer's settings
+            (any `grad_accum_steps`: the accumulation buffers are made for the
+            split copy's variables, one per shard).
+        hooks: `tfdist.training.model_hooks.own_hooks(model)` (None: none).
+
+    Raises:
+        ValueError: the model's own train/test/predict step or compute_loss
+            (the split copy is a plain Functional model without them),
+            model_parallel > 1, a strategy other than the default one, XLA,
+            an unbuilt model, or an optimizer that is already built. Mixed
+            precision (`mixed_bfloat16`, `mixed_float16` with loss scaling)
+            is allowed: the split layers keep the model's dtype policy
+            (float32 variables, matmuls in the compute dtype, partial
+            products summed in float32, `sum_partial_products`).
+
+    Example:
+
+    >>> check_tensor_parallel_settings(model, tf.distribute.get_strategy(), tensor_parallel=2,
+    ...                                model_parallel=1, jit_compile=False, grad_accum_steps=1)
+    """
+    k = tensor_parallel
+    if hooks:
+        names = ", ".join(f"{cls.__name__}.{hook}" for hook, cls in hooks.items())
+        raise ValueError(
+            f"tensor_parallel={k} trains a Functional copy of the model with its layers "
+            f"split, which does not have the model's own {names}. Remove the override "
+            "(compile the loss instead), or train with tensor_parallel=1.")
+    if model_parallel > 1:
+        raise ValueError(
+            f"tensor_parallel={k} with model_parallel={model_parallel} (stages that are "
+            "themselves split) is not supported yet. Use one of them.")
+    if strategy.num_replicas_in_sync > 1 or isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                       tf.distribute.experimental.ParameterServerStrategy,
+                       tf.distribute.OneDeviceStrategy)):
+        raise ValueError(
+            f"tensor_parallel={k} runs under the default strategy on one worker so far, got "
+            f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s): "
+            "data parallelism on top of the split (across workers or devices) is not "
+            "supported yet. Create the model outside any strategy scope and pass no "
+            "strategy.")
+    if jit_compile:
+        raise ValueError(
+            f"jit_compile=True is not supported with tensor_parallel={k} yet: XLA compiles "
+            "one function for one device, while each shard runs on its own device. Pass "
+            "jit_compile=False.")
+    if not model.built:
+        raise ValueError(
+            f"The model {model.name!r} is not built; tensor_parallel={k} splits a built "
+            "Functional or Sequential model. Start it with keras.Input(shape).")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        raise ValueError(
+            f"The optimizer {optimizer.name!r} is already built (its slot variables belong "
+            f"to the unsplit weights). Give the tensor_parallel={k} Trainer a fresh optimizer "
+            "(model.compile(optimizer=...) or Trainer(optimizer=...)).")
