@@ -48,8 +48,8 @@ def check_tensor_parallel_flags(recipe, config):
     if recipe.layout_map is None:
         raise ConfigError(
             f"--tensor-parallel {k}: the {recipe.name} recipe has no tensor-parallel layout for "
-            "its model yet. Drop --tensor-parallel (or use --model-parallel K to split it "
-            "between layers).")
+            "its model yet. Drop --tensor-parallel (data parallelism over the devices: "
+            "--strategy mirrored).")
     if config.model_parallel > 1:
         raise ConfigError(
             f"--tensor-parallel {k} with --model-parallel {config.model_parallel} (pipeline "
