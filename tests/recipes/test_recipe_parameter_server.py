@@ -37,13 +37,14 @@ def find_task(task_type, index, marker):
     return None
 
 
-def run_job(model_dir, ps, epochs, on_line=None):
-    """Runs the recipe under the launcher; `on_line(line, job)` sees each output line.
+def run_job(model_dir, ps, epochs, on_line=None, steps=STEPS):
+    """Runs the recipe under the launcher, `steps` steps an epoch; `on_line(line, job)`
+    sees each output line.
     Returns `(exit status, output)`."""
     command = [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--ps", str(ps),
                "--timeout", "300", "--grace-period", "20", "--",
                sys.executable, "-m", "tfdist.recipes.transformer", "--strategy", "parameter_server",
-               "--epochs", str(epochs), "--steps-per-epoch", str(STEPS), "--warmup-steps", "5",
+               "--epochs", str(epochs), "--steps-per-epoch", str(steps), "--warmup-steps", "5",
                "--model-dir", model_dir]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO_ROOT)
@@ -101,11 +102,14 @@ def test_a_preempted_job_backs_up_the_ps_variables_and_resumes(tmp_path):
             job.send_signal(signal.SIGTERM)  # as a cluster manager stops the job
             sent.append(True)
 
-    status, output = run_job(model_dir, ps=1, epochs=2, on_line=preempt_in_the_second_epoch)
+    # 60 steps an epoch: the signal must come while the second epoch runs, and on a
+    # loaded machine its line reached the test more than 20 steps (5 s) late once.
+    status, output = run_job(model_dir, ps=1, epochs=2, on_line=preempt_in_the_second_epoch,
+                             steps=60)
     # The ps task kept serving until the chief had backed up its variables.
     assert status == 143, output[-4000:]
     assert re.search(r"\[chief\] Stopped by SIGTERM in epoch 2 after step \d+: backup written",
                      output), output[-3000:]
-    status, output = run_job(model_dir, ps=1, epochs=2)
+    status, output = run_job(model_dir, ps=1, epochs=2, steps=60)
     assert status == 0, output[-4000:]
     assert re.search(r"\[chief\] BackupAndResume: resuming from .* at epoch 1 step \d+", output)
