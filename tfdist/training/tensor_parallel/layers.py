@@ -328,6 +328,16 @@ class ShardedDense(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
+def _config_and_identity(layer):
+    """(`layer`'s config without its name, dtype and trainable flag; those three as the
+    keyword arguments that give its split the same name, dtype policy and trainability)."""
+    config = layer.get_config()
+    for key in ("name", "trainable", "dtype"):
+        config.pop(key, None)
+    return config, {"name": layer.name, "dtype": layer.dtype_policy,
+                    "trainable": layer.trainable}
+
+
 class ShardedMultiHeadAttention(keras.layers.Layer):
     """A `keras.layers.MultiHeadAttention` split by heads over K devices.
 
@@ -379,12 +389,8 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
         >>> ShardedMultiHeadAttention.from_attention(mha, devices).name
         'attention'
         """
-        config = attention.get_config()
-        name = config.pop("name")
-        for key in ("trainable", "dtype"):
-            config.pop(key, None)
-        return cls(config, devices, name=name, dtype=attention.dtype_policy,
-                   trainable=attention.trainable)
+        config, identity = _config_and_identity(attention)
+        return cls(config, devices, **identity)
 
     @property
     def num_shards(self):
@@ -528,11 +534,8 @@ class ShardedConv2D(keras.layers.Layer):
         >>> ShardedConv2D.from_conv(conv, devices).name
         'conv'
         """
-        config = conv.get_config()
-        name = config.pop("name")
-        for key in ("trainable", "dtype"):
-            config.pop(key, None)
-        return cls(config, devices, name=name, dtype=conv.dtype_policy, trainable=conv.trainable)
+        config, identity = _config_and_identity(conv)
+        return cls(config, devices, **identity)
 
     @property
     def num_shards(self):

@@ -359,30 +359,45 @@ def _refuse_class(layer, name, variable):
         "yet. Drop that entry from the layout (the layer then runs replicated).")
 
 
-def _dense_role(layer, name, variable):
-    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
-    why = None
-    if getattr(layer, "lora_enabled", False):
-        why = "it has LoRA enabled"
-    elif getattr(layer, "quantization_mode", None):
-        why = f"it is quantized ({layer.quantization_mode})"
-    else:
-        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                        "kernel_constraint", "bias_constraint"):
-            if getattr(layer, feature, None) is not None:
-                why = f"it has a {feature} (not split yet)"
-                break
+UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                    "kernel_constraint", "bias_constraint")
+
+
+def _unsplit_feature(read):
+    """Why a layer's regularizer or constraint keeps it whole (`read(name)` gives one), or None."""
+    for feature in UNSPLIT_FEATURES:
+        if read(feature) is not None:
+            return f"it has a {feature} (not split yet)"
+    return None
+
+
+def _lora(layer):
+    return "it has LoRA enabled" if getattr(layer, "lora_enabled", False) else None
+
+
+def _kernel_or_bias_role(layer, kind, name, variable, *reasons):
+    """`"kernel"` or `"bias"` of a splittable `kind` layer (Dense, Conv2D), else a
+    `ShardLayoutError` with the first of `reasons` that is not None."""
+    why = next((reason for reason in reasons if reason), None)
     if why:
         raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the Dense layer "
-            f"{name!r}, but {why}. Remove that from the layer, or drop the layer's "
-            "entries from the layout.")
+            f"The layout shards the variable {variable.path!r} of the {kind} layer {name!r}, "
+            f"but {why}. Remove that from the layer, or drop the layer's entries from the "
+            "layout.")
     if variable is layer.kernel:
         return "kernel"
     if layer.use_bias and variable is layer.bias:
         return "bias"
-    raise ShardLayoutError(f"The variable {variable.path!r} of the Dense layer {name!r} is "
+    raise ShardLayoutError(f"The variable {variable.path!r} of the {kind} layer {name!r} is "
                            "neither its kernel nor its bias.")
+
+
+def _dense_role(layer, name, variable):
+    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
+    quantized = getattr(layer, "quantization_mode", None)
+    return _kernel_or_bias_role(layer, "Dense", name, variable, _lora(layer),
+                                quantized and f"it is quantized ({quantized})",
+                                _unsplit_feature(lambda feature: getattr(layer, feature, None)))
 
 
 def _layer_shard(layer, name, parent, roles, axis, num_shards):
@@ -431,16 +446,9 @@ ATTENTION_PARTS = {"query_dense": "query", "key_dense": "key", "value_dense": "v
 
 def _attention_role(layer, name, variable):
     """`"<projection>/kernel"` or `"<projection>/bias"` of a splittable MultiHeadAttention."""
-    why = None
-    if layer.get_config().get("use_gate"):
-        why = "it uses a gate (use_gate=True; not split yet)"
-    else:
-        config = layer.get_config()
-        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                        "kernel_constraint", "bias_constraint"):
-            if config.get(feature) is not None:
-                why = f"it has a {feature} (not split yet)"
-                break
+    config = layer.get_config()
+    why = ("it uses a gate (use_gate=True; not split yet)" if config.get("use_gate")
+           else _unsplit_feature(config.get))
     if why:
         raise ShardLayoutError(
             f"The layout shards the variable {variable.path!r} of the MultiHeadAttention "
@@ -491,28 +499,9 @@ def _attention_shard(layer, name, parent, roles, axis, num_shards):
 
 def _conv_role(layer, name, variable):
     """`"kernel"` or `"bias"` of a splittable Conv2D, else a `ShardLayoutError` saying why."""
-    why = None
-    if layer.groups != 1:
-        why = f"it is grouped (groups={layer.groups}; not split yet)"
-    elif getattr(layer, "lora_enabled", False):
-        why = "it has LoRA enabled"
-    else:
-        for feature in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                        "kernel_constraint", "bias_constraint"):
-            if getattr(layer, feature, None) is not None:
-                why = f"it has a {feature} (not split yet)"
-                break
-    if why:
-        raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the Conv2D layer {name!r}, "
-            f"but {why}. Remove that from the layer, or drop the layer's entries from the "
-            "layout.")
-    if variable is layer.kernel:
-        return "kernel"
-    if layer.use_bias and variable is layer.bias:
-        return "bias"
-    raise ShardLayoutError(f"The variable {variable.path!r} of the Conv2D layer {name!r} is "
-                           "neither its kernel nor its bias.")
+    grouped = layer.groups != 1 and f"it is grouped (groups={layer.groups}; not split yet)"
+    return _kernel_or_bias_role(layer, "Conv2D", name, variable, grouped, _lora(layer),
+                                _unsplit_feature(lambda feature: getattr(layer, feature, None)))
 
 
 def _conv_shard(layer, name, parent, roles, axis, num_shards):
