@@ -23,12 +23,7 @@ Example:
     train = SubwordPairsSource(sources, targets, tokenizer, 64, 64, split="train")
 """
 
-import numpy as np
-import tensorflow as tf
-
-from tfdist.data.source import Source
-from tfdist.data.tokens import BOS_ID, EOS_ID
-from tfdist.data.translation_task import SentencePairs, pad_rows
+from tfdist.data.translation_task import PaddedPairsSource, SentencePairs
 
 PAIR_SCHEMES = ("text", "tfds")
 
@@ -127,7 +122,7 @@ def read_tfds_pairs(name, split="train", data_dir=None, download=False, limit=No
     return sources, targets, tuple(keys)
 
 
-class SubwordPairsSource(Source):
+class SubwordPairsSource(PaddedPairsSource):
     """Sentence pairs tokenised once into padded subword id arrays (see the module docstring).
 
     Each example is `((source_ids, target_input_ids), target_output_ids)`
@@ -188,28 +183,7 @@ class SubwordPairsSource(Source):
                 "--max-tokens.")
         self.pairs = SentencePairs(tuple(kept_sources), tuple(kept_targets), tuple(source_ids),
                                    tuple(target_ids))
-        bos = np.array([BOS_ID], np.int32)
-        eos = np.array([EOS_ID], np.int32)
-        self.source_ids = pad_rows(source_ids, self.source_length)
-        self.target_input_ids = pad_rows([np.concatenate([bos, t]) for t in target_ids],
-                                         self.target_length + 1)
-        self.target_output_ids = pad_rows([np.concatenate([t, eos]) for t in target_ids],
-                                          self.target_length + 1)
-
-    @property
-    def num_examples(self):
-        return len(self.pairs)
-
-    def read_all(self):
-        """Every pair, in file order, as a `tf.data.Dataset` of padded ids.
-
-        Example:
-
-        >>> train.read_all().element_spec[1].shape
-        TensorShape([17])
-        """
-        return tf.data.Dataset.from_tensor_slices(
-            ((self.source_ids, self.target_input_ids), self.target_output_ids))
+        self.pad_pairs()
 
     def describe(self):
         return (f"SubwordPairsSource({self.name}, split={self.split!r}, {self.num_examples} pairs"

@@ -352,7 +352,54 @@ def pad_rows(rows, length):
     return out
 
 
-class TranslationTaskSource(Source):
+class PaddedPairsSource(Source):
+    """A `Source` of sentence pairs held as padded int32 id arrays.
+
+    Each example is `((source_ids, target_input_ids), target_output_ids)`:
+    the source padded with 0 to `source_length`, `[BOS] + target` and
+    `target + [EOS]` padded with 0 to `target_length + 1`. A subclass sets
+    `pairs` (a `SentencePairs`), `source_length` and `target_length`, then
+    calls `pad_pairs()`.
+
+    Example:
+
+    >>> source = TranslationTaskSource(num_examples=4)
+    >>> int(source.target_input_ids[0, 0]) == BOS_ID
+    True
+    """
+
+    def pad_pairs(self):
+        """Sets `source_ids`, `target_input_ids` and `target_output_ids` from `pairs`.
+
+        Example:
+
+        >>> source.pad_pairs()  # in a subclass's __init__, after pairs and lengths
+        """
+        bos = np.array([BOS_ID], np.int32)
+        eos = np.array([EOS_ID], np.int32)
+        self.source_ids = pad_rows(self.pairs.source_ids, self.source_length)
+        self.target_input_ids = pad_rows(
+            [np.concatenate([bos, t]) for t in self.pairs.target_ids], self.target_length + 1)
+        self.target_output_ids = pad_rows(
+            [np.concatenate([t, eos]) for t in self.pairs.target_ids], self.target_length + 1)
+
+    @property
+    def num_examples(self):
+        return len(self.pairs)
+
+    def read_all(self):
+        """Every pair, in the order held, as a `tf.data.Dataset` of padded ids.
+
+        Example:
+
+        >>> TranslationTaskSource(4).read_all().element_spec[1].shape
+        TensorShape([31])
+        """
+        return tf.data.Dataset.from_tensor_slices(
+            ((self.source_ids, self.target_input_ids), self.target_output_ids))
+
+
+class TranslationTaskSource(PaddedPairsSource):
     """The synthetic language pair as an in-memory `Source` of padded id arrays.
 
     Each example is `((source_ids, target_input_ids), target_output_ids)`,
@@ -399,28 +446,7 @@ class TranslationTaskSource(Source):
         self.target_length = int(max_target_words)
         self.seed = seed
         self.split = split
-        bos = np.array([BOS_ID], np.int32)
-        eos = np.array([EOS_ID], np.int32)
-        self.source_ids = pad_rows(self.pairs.source_ids, self.source_length)
-        self.target_input_ids = pad_rows(
-            [np.concatenate([bos, t]) for t in self.pairs.target_ids], self.target_length + 1)
-        self.target_output_ids = pad_rows(
-            [np.concatenate([t, eos]) for t in self.pairs.target_ids], self.target_length + 1)
-
-    @property
-    def num_examples(self):
-        return len(self.pairs)
-
-    def read_all(self):
-        """Returns every example, in generation order, as a `tf.data.Dataset`.
-
-        Example:
-
-        >>> TranslationTaskSource(4).read_all().element_spec[1].shape
-        TensorShape([31])
-        """
-        return tf.data.Dataset.from_tensor_slices(
-            ((self.source_ids, self.target_input_ids), self.target_output_ids))
+        self.pad_pairs()
 
     def describe(self):
         return (f"TranslationTaskSource(split={self.split!r}, {self.num_examples} pairs, "
