@@ -119,15 +119,31 @@ def prepare_model_parallel_devices(config, gpus):
     k = config.model_parallel
     if k == 1:
         return config.devices
+    provide_worker_devices("--model-parallel", k, gpus, "stage")
+    return None if config.strategy == "default" else 1
+
+
+def provide_worker_devices(flag, k, gpus, unit):
+    """Makes K devices of this worker exist for `flag` (before TensorFlow initialises).
+
+    With GPUs, checks that K are visible; without, splits the CPU into K
+    logical devices.
+
+    Raises:
+        ValueError: fewer than K GPUs visible (naming `flag` and the way out).
+
+    Example:
+
+    >>> provide_worker_devices("--model-parallel", 2, gpus=0, unit="stage")
+    """
     if gpus:
         if gpus < k:
-            raise ValueError(f"--model-parallel {k} needs {k} GPUs per worker, one per stage, "
-                             f"but {gpus} are visible. Use --model-parallel {gpus} or fewer.")
-    else:
-        from tfdist.distribute.devices import split_cpu_into_logical_devices
+            raise ValueError(f"{flag} {k} needs {k} GPUs on this worker, one per {unit}, but "
+                             f"{gpus} are visible. Use {flag} {gpus} or fewer.")
+        return
+    from tfdist.distribute.devices import split_cpu_into_logical_devices
 
-        split_cpu_into_logical_devices(k)
-    return None if config.strategy == "default" else 1
+    split_cpu_into_logical_devices(k)
 
 
 def trainer_arguments(config):

@@ -20,6 +20,7 @@ Example:
 """
 
 from tfdist.recipes.config import ConfigError
+from tfdist.recipes.model_parallel_flags import provide_worker_devices
 
 TENSOR_PARALLEL_STRATEGIES = ("auto", "default")
 """The `--strategy` values `--tensor-parallel K > 1` runs under (auto resolves to default)."""
@@ -177,15 +178,7 @@ def prepare_tensor_parallel_devices(config, gpus):
     k = getattr(config, "tensor_parallel", 1)
     if k == 1:
         return config.strategy
-    if gpus:
-        if gpus < k:
-            raise ValueError(f"--tensor-parallel {k} needs {k} GPUs on this worker, one per "
-                             f"shard, but {gpus} are visible. Use --tensor-parallel {gpus} or "
-                             "fewer.")
-    else:
-        from tfdist.distribute.devices import split_cpu_into_logical_devices
-
-        split_cpu_into_logical_devices(k)
+    provide_worker_devices("--tensor-parallel", k, gpus, "shard")
     return "default"
 
 
