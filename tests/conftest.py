@@ -23,6 +23,20 @@ split_cpu_into_logical_devices(LOGICAL_CPUS)
 PYTHON = sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _signal_mask_unchanged():
+    """Fails a test that leaves signals blocked in the test process: every
+    process a later test starts would inherit the mask (a launcher with
+    SIGTERM blocked never forwards it)."""
+    import signal
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert after == before, (f"the test left the signal mask changed: blocked {sorted(after)}, "
+                             f"before {sorted(before)}")
+
+
 def _under_global_policy(name):
     """Runs a test under the global Keras precision policy `name`, restoring the previous one."""
     import keras

@@ -188,6 +188,21 @@ def run_recipe(recipe, argv=None):
     where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir}
     skip_exit_garbage_collection()  # exit right after the last line, not seconds later
     try:
+        return _run(recipe, config, prog, where)
+    finally:
+        # SIGTERM/SIGINT were blocked for the run: a program that called
+        # main() gets them back (and so do the processes it starts later).
+        # One that came after the run's last look (while it closed its record
+        # or waited for its peers) has nothing left to stop.
+        stop_signals = where.pop("stop_signals", None)
+        if stop_signals is not None:
+            stop_signals.discard_pending()
+            stop_signals.close()
+
+
+def _run(recipe, config, prog, where):
+    """Trains (or prints the config); turns every way the run ends into its exit code and line."""
+    try:
         if config.print_config:
             return _print_config(recipe, config)
         code = _train(recipe, config, where)
@@ -373,6 +388,7 @@ def _train(recipe, config, where):
     # TensorFlow's included); before the first step a watchdog stops the
     # process at once, as there is nothing to save yet.
     signals = BlockedStopSignals.install(f"python -m tfdist.recipes.{recipe.name}")
+    where["stop_signals"] = signals  # closed when run_recipe returns
     tf = import_tensorflow(config.tf_log_level)
     # GPU memory is configured before anything can initialise the devices.
     from tfdist.runtime.gpu_memory import apply_gpu_memory

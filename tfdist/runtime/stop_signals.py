@@ -135,6 +135,7 @@ class BlockedStopSignals:
         self.prefix = prefix
         self.received = None
         self._watchdog = None
+        self._blocked_before = frozenset(STOP_SIGNALS)  # what close() leaves blocked
 
     @classmethod
     def install(cls, prefix, watchdog=True):
@@ -161,7 +162,8 @@ class BlockedStopSignals:
             signals._watchdog = subprocess.Popen(
                 [sys.executable, "-c", _WATCHDOG, str(os.getpid()), prefix],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        signals._blocked_before = frozenset(previous) & frozenset(STOP_SIGNALS)
         return signals
 
     def pending(self):
@@ -180,6 +182,22 @@ class BlockedStopSignals:
                 self.received = signal.Signals(taken.si_signo).name
         return self.received
 
+    def discard_pending(self):
+        """Takes every SIGTERM and SIGINT still pending and returns their names,
+        without noting them as `received`: for the end of a run, when a stop
+        request that arrives after the outcome is settled has nothing left to
+        stop (and would otherwise be delivered by `close()`).
+
+        Example:
+
+        >>> signals.discard_pending()
+        []
+        """
+        names = []
+        while (taken := signal.sigtimedwait(STOP_SIGNALS, 0)) is not None:
+            names.append(signal.Signals(taken.si_signo).name)
+        return names
+
     def training_started(self):
         """From now on a signal waits for `pending()`: stops the watchdog."""
         watchdog, self._watchdog = self._watchdog, None
@@ -188,10 +206,24 @@ class BlockedStopSignals:
             watchdog.wait(timeout=10)
 
     def close(self):
-        """Stops the watchdog and unblocks the signals (a pending one is then
-        delivered as usual)."""
+        """Stops the watchdog and gives this thread back the signal mask it had
+        before `install()`: SIGTERM and SIGINT are unblocked unless they were
+        blocked already (a pending one is then delivered as usual). A program
+        that runs a recipe as a function (`RECIPE.main(argv)`) gets its
+        Ctrl-C back, and the processes it starts later receive SIGTERM.
+
+        Example:
+
+        >>> signals = BlockedStopSignals.install("my_app", watchdog=False)
+        >>> signals.close()
+        >>> signal.pthread_sigmask(signal.SIG_BLOCK, [])   # as before install()
+        set()
+        """
         self.training_started()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        unblock = frozenset(STOP_SIGNALS) - self._blocked_before
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
+        self._blocked_before = frozenset(STOP_SIGNALS)  # a second close() changes nothing
 
 
 class HandlerStopSignals:
