@@ -38,12 +38,15 @@ def launcher_env(**extra):
     return env
 
 
-def start(launcher_args, worker_args, env=None):
-    """Starts `python -m tfdist.launch <launcher_args> -- <worker_args>`."""
+def start(launcher_args, worker_args, env=None, blocked=()):
+    """Starts `python -m tfdist.launch <launcher_args> -- <worker_args>`, with
+    the signals `blocked` blocked in it from the start (as a parent's mask is
+    inherited)."""
     return subprocess.Popen(
         [PY, "-m", "tfdist.launch", *launcher_args, "--", *worker_args],
         cwd=REPO_ROOT, env=env or launcher_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None)
 
 
 def finish(proc, deadline):
@@ -317,6 +320,22 @@ def test_signal_to_launcher_is_forwarded_and_every_signal_exits_143(tmp_path, si
     for rank in range(2):
         assert (tmp_path / f"signal-{rank}").read_text() == signum.name
         assert_dead(str(tmp_path / f"pid-{rank}"))
+
+
+def test_a_launcher_started_with_the_signals_blocked_still_forwards_them(tmp_path):
+    # E.g. started by a program that blocks SIGTERM/SIGINT, as a recipe run
+    # does: the mask is inherited, and blocked handlers would never run.
+    trapped = str(tmp_path / "signal-{rank}")
+    pid = str(tmp_path / "pid-{rank}")
+    proc = start(["--workers", "2"], actions(f"trap={trapped}:143,pid={pid},sleep=30"),
+                 blocked={signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    wait_until_started(proc, tmp_path, 2)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err, _ = finish(proc, 15)
+    assert code == 143, err
+    assert "received SIGTERM; forwarding it to the workers" in err
+    for rank in range(2):
+        assert (tmp_path / f"signal-{rank}").read_text() == "SIGTERM"
 
 
 def test_a_signal_that_finds_the_workers_finishing_exits_0(tmp_path):

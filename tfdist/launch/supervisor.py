@@ -262,6 +262,7 @@ class _Job:
         self.procs = []
         self.pump = OutputPump()
         self.signals = []
+        self.blocked_before = set()  # the signals the caller had blocked (restored at the end)
         self.status = None
         self.reason = None
 
@@ -284,6 +285,9 @@ class _Job:
             self._cleanup()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if previous:
+                signal.pthread_sigmask(signal.SIG_BLOCK,
+                                       self.blocked_before & set(FORWARDED_SIGNALS))
 
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():
@@ -292,6 +296,9 @@ class _Job:
         for signum in FORWARDED_SIGNALS:
             previous[signum] = signal.signal(
                 signum, lambda received, frame: self.signals.append(received))
+        # A launcher started by a process that blocks these signals inherits
+        # the mask; its handlers would never run and a SIGTERM would be lost.
+        self.blocked_before = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
         return previous
 
     def _start(self):
