@@ -3,7 +3,6 @@ failure_handling tests do): SIGTERM/SIGINT at a random step make every worker
 back up at one step and exit 143; rerunning ends with the weights of an
 uninterrupted run, to the bit. Before the first step a signal stops at once."""
 
-import glob
 import json
 import os
 import random
@@ -15,12 +14,11 @@ import sys
 import threading
 import time
 
-import h5py
-import numpy as np
 import pytest
 
 from helpers.recipe_util import REPO_ROOT
-from helpers.processes import finish
+from helpers.compare import assert_same_final_checkpoint
+from helpers.processes import finish, newest_backup, wait_for_backup
 from tfdist.callbacks import latest_backup
 
 PREEMPTED = 143
@@ -58,41 +56,6 @@ def run(command, timeout=420):
 def start(command, **env):
     return subprocess.Popen(command, cwd=REPO_ROOT, env=_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def newest_backup(model_dir):
-    numbers = [int(re.search(r"ckpt-(\d+)\.index$", path).group(1))
-               for path in glob.glob(str(model_dir / "backup" / "ckpt-*.index"))]
-    return max(numbers, default=0)
-
-
-def wait_for_backup(process, model_dir, after=0, deadline=240):
-    """Waits until a backup newer than number `after` is written (training is
-    past its first steps); returns its number."""
-    until = time.monotonic() + deadline
-    while newest_backup(model_dir) <= after:
-        assert process.poll() is None, process.communicate()[0][-3000:]
-        assert time.monotonic() < until, "no backup was written in time"
-        time.sleep(0.1)
-    return newest_backup(model_dir)
-
-
-def weights(model_dir):
-    """Every array of the final epoch's weights file, by name."""
-    path = sorted(glob.glob(str(model_dir / "checkpoints" / "*.weights.h5")))[-1]
-    arrays = {}
-    with h5py.File(path, "r") as stream:
-        stream.visititems(lambda name, item: arrays.__setitem__(name, item[()])
-                          if isinstance(item, h5py.Dataset) else None)
-    return arrays
-
-
-def assert_same_final_checkpoint(expected_dir, actual_dir):
-    expected, actual = weights(expected_dir), weights(actual_dir)
-    assert expected.keys() == actual.keys() and expected
-    worst = max(float(np.max(np.abs(expected[k].astype(np.float64) - actual[k].astype(np.float64))))
-                for k in expected if expected[k].size)
-    assert worst == 0.0, f"final weights differ from the uninterrupted run's by up to {worst}"
 
 
 def workers_of(launcher):

@@ -1,10 +1,16 @@
-"""Ending a test's child process: its output, and never a process left behind.
+"""Waiting for a test's child process and ending it: its output, and never a
+process left behind.
 
-    from helpers.processes import finish
+    from helpers.processes import finish, wait_for_backup
 
+    wait_for_backup(process, model_dir)   # training is past its first steps
     process.send_signal(signal.SIGTERM)
     code, out = finish(process, timeout=60)
 """
+
+import glob
+import re
+import time
 
 
 def finish(process, timeout):
@@ -23,3 +29,28 @@ def finish(process, timeout):
             process.kill()
             process.wait()
     return process.returncode, out
+
+
+def newest_backup(model_dir):
+    """The number of the newest backup in `model_dir/backup` (`ckpt-N.index`), 0 if none.
+
+    Example: `newest_backup(tmp_path / "run")`
+    """
+    numbers = [int(re.search(r"ckpt-(\d+)\.index$", path).group(1))
+               for path in glob.glob(str(model_dir / "backup" / "ckpt-*.index"))]
+    return max(numbers, default=0)
+
+
+def wait_for_backup(process, model_dir, after=0, deadline=240):
+    """Waits until a backup newer than number `after` is written (training is
+    past its first steps); returns its number. Fails the test if `process`
+    exits first or after `deadline` seconds.
+
+    Example: `wait_for_backup(process, tmp_path / "run", after=1)`
+    """
+    until = time.monotonic() + deadline
+    while newest_backup(model_dir) <= after:
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert time.monotonic() < until, "no backup was written in time"
+        time.sleep(0.1)
+    return newest_backup(model_dir)
