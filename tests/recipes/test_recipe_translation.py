@@ -181,6 +181,36 @@ def test_batched_decoding_equals_one_batch_and_examples_are_printed():
     assert len(text.splitlines()) == 6
 
 
+@pytest.mark.parametrize("beam_size", [1, 2], ids=["greedy", "beam"])
+def test_decoding_split_over_two_replicas_equals_one_device(beam_size):
+    from helpers.workers import seq2seq_common as s2s
+    from helpers.workers import train_common
+    from tfdist.data import TranslationTaskSource
+    from tfdist.recipes.translation_quality import (corpus_scores, decode_sentences,
+                                                    translation_callback_class)
+
+    source = TranslationTaskSource(11, split="validation", max_source_words=8)
+    strategy = train_common.mirrored(2)
+    model = s2s.seq2seq_model(strategy, source)
+    length = source.target_length + 1
+    one_device = decode_sentences(model, source.source_ids, length, beam_size=beam_size)
+    assert len({tuple(row) for row in one_device.tolist()}) > 1  # not one output for all
+    # 3 sentences per replica: 6 a call, the second call padded with a filler.
+    split = decode_sentences(model, source.source_ids, length, beam_size=beam_size,
+                             batch_size=3, strategy=strategy)
+    assert split.tolist() == one_device.tolist()
+
+    # The recipe's callback decodes on both replicas and scores what one device decodes.
+    lines, logs = [], {}
+    quality = translation_callback_class()(model, source, beam_size=beam_size,
+                                           print_fn=lines.append)
+    quality.on_epoch_end(0, logs)
+    assert quality.decoder.replicas == 2 and lines[0].endswith("on 2 replicas"), lines
+    hypotheses = [source.vocabulary.decode(row) for row in one_device]
+    expected = corpus_scores(hypotheses, list(source.pairs.target_words))
+    assert (logs["val_bleu"], logs["val_chrf"]) == (expected["bleu"], expected["chrf"])
+
+
 def test_bleu_sentences_sets_how_many_validation_sentences_are_decoded():
     options = translation.RECIPE.all_options()
     count = translation.bleu_sentence_count

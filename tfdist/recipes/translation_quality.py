@@ -2,13 +2,18 @@
 corpus BLEU and chrF (sacreBLEU), example translations, and the Keras callback
 the translation recipe runs them in.
 
-Decoding runs on the chief's default device, outside `strategy.run`: the
-model is called in the strategy's cross-replica context, which reads each
-variable's value (the first replica's copy of a mirrored variable, the
-parameter servers' value under `ParameterServerStrategy`) and runs the
-whole decode (`tfdist.models.greedy_decode` or `beam_search_decode`, one
-`tf.function` per batch shape) on that one device. The other workers of a
-multi-worker run do not decode; the scores are computed once, by the chief.
+Decoding runs under the training strategy: with several replicas
+(`mirrored`, `multi_worker_mirrored`, their GPU forms) each call decodes
+`batch_size` sentences on every replica (`strategy.run`, each replica its
+own slice, reading its own copy of the weights) and gathers the outputs
+on every worker (`strategy.gather`, one all-gather), so N replicas decode
+N times as many sentences per call. Every worker of a multi-worker run
+takes part (the gather is a collective); the chief alone scores and
+prints. With one replica, and under `ParameterServerStrategy` (whose
+workers do not run the loop's callbacks), the chief decodes on its
+default device in the cross-replica context (the parameter servers' values
+of the variables). The outputs are the same either way: a sentence's
+decode does not depend on the other sentences of its batch.
 
 Scores are computed on words: the ids are decoded to words with the task's
 vocabulary and joined with spaces (the embedded task's words are already
@@ -65,9 +70,82 @@ def _text(words):
     return words if isinstance(words, str) else " ".join(words)
 
 
-def sentence_decoder(model, max_length, beam_size=4, length_penalty=0.6):
-    """A `tf.function` from source ids `[B, S]` to output ids `[B, max_length]`: greedy
-    for `beam_size` 1, else beam search. Keep it to decode again without tracing again.
+def decoding_replicas(strategy):
+    """How many replicas decode in parallel under `strategy`: its replica count,
+    or 1 for None, one replica and `ParameterServerStrategy` (the chief decodes alone).
+
+    Example:
+
+    >>> decoding_replicas(tf.distribute.MirroredStrategy(["cpu:0", "cpu:1"]))
+    2
+    """
+    import tensorflow as tf
+
+    if strategy is None or isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return 1
+    return int(strategy.num_replicas_in_sync)
+
+
+class SentenceDecoder:
+    """Source id rows `[rows_per_call, S]` to output ids `[rows_per_call, max_length]`:
+    greedy for `beam_size` 1, else beam search; traced once, reused every call.
+
+    With a `strategy` of several replicas (`decoding_replicas`) each replica
+    decodes `batch_size` of the rows and every worker gets all the outputs
+    (see the module docstring); every worker of the strategy must make the
+    same calls.
+
+    Example:
+
+    >>> decoder = SentenceDecoder(model, max_length=19, beam_size=4, batch_size=64)
+    >>> decoder(source_ids[:decoder.rows_per_call]).shape
+    (64, 19)
+    """
+
+    def __init__(self, model, max_length, beam_size=4, length_penalty=0.6,
+                 batch_size=DECODE_BATCH_SIZE, strategy=None):
+        import tensorflow as tf
+
+        from tfdist.models import beam_search_decode, greedy_decode
+
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.replicas = decoding_replicas(strategy)
+        self.rows_per_call = batch_size * self.replicas
+        if beam_size == 1:
+            def decode(source):
+                return greedy_decode(model, source, max_length)
+        else:
+            def decode(source):
+                return beam_search_decode(model, source, beam_size=beam_size,
+                                          length_penalty=length_penalty, max_length=max_length)
+        if self.replicas == 1:
+            self._strategy = None
+            self._decode = tf.function(decode)
+        else:
+            self._strategy = strategy
+            self._decode = tf.function(
+                lambda source: strategy.gather(strategy.run(decode, args=(source,)), axis=0))
+
+    def __call__(self, rows):
+        """Decodes `rows_per_call` source rows (numpy int32); returns numpy `[rows, max_length]`."""
+        import tensorflow as tf
+
+        rows = np.asarray(rows, np.int32)
+        if len(rows) != self.rows_per_call:
+            raise ValueError(f"SentenceDecoder decodes {self.rows_per_call} rows a call, "
+                             f"not {len(rows)}; pad the batch (decode_sentences does).")
+        if self._strategy is None:
+            return self._decode(tf.constant(rows)).numpy()
+        size = self.batch_size
+        shares = self._strategy.experimental_distribute_values_from_function(
+            lambda context: tf.constant(rows[context.replica_id_in_sync_group * size:][:size]))
+        return self._decode(shares).numpy()
+
+
+def sentence_decoder(model, max_length, beam_size=4, length_penalty=0.6,
+                     batch_size=DECODE_BATCH_SIZE, strategy=None):
+    """A `SentenceDecoder`; keep it to decode again without tracing again.
 
     Example:
 
@@ -75,24 +153,17 @@ def sentence_decoder(model, max_length, beam_size=4, length_penalty=0.6):
     >>> decode_sentences(model, source_ids, 19, decoder=decoder).shape[1]
     19
     """
-    import tensorflow as tf
-
-    from tfdist.models import beam_search_decode, greedy_decode
-
-    if beam_size == 1:
-        return tf.function(lambda source: greedy_decode(model, source, max_length))
-    return tf.function(lambda source: beam_search_decode(
-        model, source, beam_size=beam_size, length_penalty=length_penalty,
-        max_length=max_length))
+    return SentenceDecoder(model, max_length, beam_size, length_penalty, batch_size, strategy)
 
 
 def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=0.6,
-                     batch_size=DECODE_BATCH_SIZE, decoder=None):
+                     batch_size=DECODE_BATCH_SIZE, decoder=None, strategy=None):
     """Decodes source id rows in batches: greedy for `beam_size` 1, else beam search.
 
-    Runs where it is called (see the module docstring); each batch is
-    padded to `batch_size` rows (fewer when there are fewer sentences) so
-    the decoder is traced once.
+    Each call decodes `batch_size` rows per replica of `strategy` (see the
+    module docstring; one device when None); the last call is padded (fewer
+    rows when there are fewer sentences) so the decoder is traced once.
+    Every worker of a multi-worker strategy must call it with the same rows.
 
     Args:
         model: an encoder-decoder (`tfdist.models.build_seq2seq`).
@@ -100,9 +171,10 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
         max_length: output tokens at most (EOS included).
         beam_size: 1 (greedy) or more.
         length_penalty: the GNMT alpha (beam search only).
-        batch_size: sentences per decoder call.
-        decoder: a `sentence_decoder` of these settings to reuse, or None
-            for a new one.
+        batch_size: sentences per replica and decoder call.
+        decoder: a `SentenceDecoder` of these settings to reuse (its
+            `batch_size` and strategy then apply), or None for a new one.
+        strategy: the strategy whose replicas decode, or None.
 
     Returns:
         int32 array `[N, max_length]` of output ids (EOS, then pads).
@@ -112,18 +184,20 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
     >>> decode_sentences(model, validation.source_ids[:3], max_length=31).shape
     (3, 31)
     """
-    import tensorflow as tf
-
-    decode = decoder or sentence_decoder(model, max_length, beam_size, length_penalty)
     source_ids = np.asarray(source_ids, np.int32)
-    batch_size = max(1, min(batch_size, len(source_ids)))
+    if decoder is None:
+        replicas = decoding_replicas(strategy)
+        per_replica = max(1, min(batch_size, -(-len(source_ids) // replicas)))
+        decoder = SentenceDecoder(model, max_length, beam_size, length_penalty, per_replica,
+                                  strategy)
+    rows_per_call = decoder.rows_per_call
     outputs = []
-    for start in range(0, len(source_ids), batch_size):
-        rows = source_ids[start:start + batch_size]
-        padded = np.zeros([batch_size, source_ids.shape[1]], np.int32)
+    for start in range(0, len(source_ids), rows_per_call):
+        rows = source_ids[start:start + rows_per_call]
+        padded = np.zeros([rows_per_call, source_ids.shape[1]], np.int32)
         padded[:len(rows)] = rows
         padded[len(rows):, 0] = rows[0, 0]  # a one-word filler, never an empty source
-        outputs.append(decode(tf.constant(padded)).numpy()[:len(rows)])
+        outputs.append(decoder(padded)[:len(rows)])
     return np.concatenate(outputs) if outputs else np.zeros([0, max_length], np.int32)
 
 
@@ -173,11 +247,13 @@ def translation_callback_class():
     class TranslationQuality(keras.callbacks.Callback):
         """Decodes a held-out split at each epoch end and logs `val_bleu` and `val_chrf`.
 
-        Only where `is_chief` (once per epoch, on that process's default
-        device); the values go into the epoch's logs before the loggers
-        after this callback (CSV, TensorBoard, History, the progress bar)
-        see them. At the end of training it prints `examples` translations
-        of the last decode beside their references.
+        Decoding runs under the model's strategy (see the module
+        docstring): with several replicas every worker decodes its share
+        and gets all the outputs; the chief alone scores and prints. The
+        values go into the chief's epoch logs before the loggers after this
+        callback (CSV, TensorBoard, History, the progress bar) see them. At
+        the end of training the chief prints `examples` translations of the
+        last decode beside their references.
 
         Args:
             model: the encoder-decoder being trained.
@@ -185,9 +261,11 @@ def translation_callback_class():
                 `num_sentences` pairs are decoded).
             beam_size, length_penalty: as `decode_sentences`.
             num_sentences: sentences decoded (all of the split's if None).
-            is_chief: whether this process decodes and prints.
+            is_chief: whether this process scores and prints.
             examples: translations printed at the end.
             print_fn: where lines go (default `print`).
+            strategy: the strategy whose replicas decode (default: the
+                one `model` was built under).
 
         Example:
 
@@ -195,7 +273,7 @@ def translation_callback_class():
         """
 
         def __init__(self, model, source, beam_size=4, length_penalty=0.6, num_sentences=None,
-                     is_chief=True, examples=3, print_fn=print):
+                     is_chief=True, examples=3, print_fn=print, strategy=None):
             super().__init__()
             self.translation_model = model
             self.source = source
@@ -207,31 +285,43 @@ def translation_callback_class():
             self.is_chief = is_chief
             self.examples = examples
             self.print_fn = print_fn
+            self.strategy = strategy or getattr(model, "distribute_strategy", None)
             self.baseline = None
-            self.last = None  # (scores, hypotheses as word lists)
+            self.last = None  # (scores, hypotheses as word lists); scores None off the chief
             self.decoder = None  # traced once, reused every epoch
 
+        def decodes_here(self):
+            """Whether this process decodes: the chief, and every worker when the
+            strategy's replicas decode together."""
+            return self.is_chief or decoding_replicas(self.strategy) > 1
+
         def evaluate(self):
-            """Decodes the sentences and returns `(scores, hypotheses)`."""
+            """Decodes the sentences and returns `(scores, hypotheses)` (scores
+            None off the chief, which alone scores)."""
             source, count = self.source, self.num_sentences
-            max_length = source.target_length + 1
             if self.decoder is None:
-                self.decoder = sentence_decoder(self.translation_model, max_length,
-                                                self.beam_size, self.length_penalty)
+                replicas = decoding_replicas(self.strategy)
+                per_replica = max(1, min(DECODE_BATCH_SIZE, -(-count // replicas)))
+                self.decoder = SentenceDecoder(self.translation_model, source.target_length + 1,
+                                               self.beam_size, self.length_penalty,
+                                               per_replica, self.strategy)
             outputs = decode_sentences(self.translation_model, source.source_ids[:count],
-                                       max_length, self.beam_size, self.length_penalty,
-                                       decoder=self.decoder)
+                                       self.decoder.max_length, decoder=self.decoder)
             hypotheses = [source.vocabulary.decode(row) for row in outputs]
+            if not self.is_chief:
+                return None, hypotheses
             references = list(source.pairs.target_words[:count])
             return corpus_scores(hypotheses, references), hypotheses
 
         def on_epoch_end(self, epoch, logs=None):
-            if not self.is_chief:
+            if not self.decodes_here():
                 return
             start = time.perf_counter()
             scores, hypotheses = self.evaluate()
             seconds = time.perf_counter() - start
             self.last = (scores, hypotheses)
+            if not self.is_chief:
+                return
             if logs is not None:
                 logs["val_bleu"] = scores["bleu"]
                 logs["val_chrf"] = scores["chrf"]
@@ -239,17 +329,21 @@ def translation_callback_class():
                 self.baseline = copy_baseline_scores(self.source, self.num_sentences)
             how = ("greedy" if self.beam_size == 1
                    else f"beam {self.beam_size}, length penalty {self.length_penalty:g}")
+            replicas = self.decoder.replicas
+            where = f" on {replicas} replicas" if replicas > 1 else ""
             self.print_fn(
                 f"  epoch {epoch + 1}: BLEU {scores['bleu']:.1f}, chrF {scores['chrf']:.1f} on "
                 f"{self.num_sentences} validation sentences ({how}; copying the source: BLEU "
                 f"{self.baseline['bleu']:.1f}, chrF {self.baseline['chrf']:.1f}), decoded in "
-                f"{seconds:.1f} s")
+                f"{seconds:.1f} s{where}")
 
         def on_train_end(self, logs=None):
-            if not self.is_chief or not self.examples:
+            if not self.examples or not self.decodes_here():
                 return
             if self.last is None:  # no epoch ended in this run (e.g. resumed after the last)
-                self.last = self.evaluate()
+                self.last = self.evaluate()  # every worker that decodes takes part
+            if not self.is_chief:
+                return
             _, hypotheses = self.last
             count = min(self.examples, len(hypotheses))
             self.print_fn(f"Example translations ({count} of the validation sentences):\n"
