@@ -75,7 +75,8 @@ def test_xla_matches_no_xla_on_two_workers(run):
 
 def test_two_workers_train_the_seq2seq_like_one_process(run):
     """The translation recipe's encoder-decoder, its label-smoothed masked loss over
-    padded sentence pairs (uneven token counts per worker), 2 workers vs one device."""
+    padded sentence pairs (uneven token counts per worker), 2 workers vs one device;
+    then its BLEU decoding split over the 2 workers vs one device."""
     out, _ = run
     reference_losses, reference_weights = seq2seq_common.one_device_equivalence_run()
     for r in (0, 1):
@@ -84,6 +85,11 @@ def test_two_workers_train_the_seq2seq_like_one_process(run):
         np.testing.assert_allclose(log["loss"], reference_losses, rtol=1e-5, atol=1e-6)
         assert_same_weights(common.load_weights(out / f"rank{r}_seq2seq.npz"),
                             reference_weights)
+    # Each worker decoded its replica's share and gathered all: one device's outputs.
+    decoded = seq2seq_common.decode_validation(tf.distribute.get_strategy(), reference_weights)
+    assert len({tuple(row) for row in decoded.tolist()}) > 1
+    for r in (0, 1):
+        assert np.load(out / f"rank{r}_seq2seq_decoded.npy").tolist() == decoded.tolist()
 
 
 def test_standard_callbacks_on_two_workers(run):

@@ -105,6 +105,23 @@ def equivalence_run(strategy, epochs=2):
     return recorder.losses, [np.array(w) for w in model.get_weights()]
 
 
+def decode_validation(strategy, weights, beam_size=2):
+    """Decodes 11 validation sentences with the equivalence model's `weights`, split over
+    `strategy`'s replicas (3 sentences per replica and call: the last call padded);
+    every worker of a multi-worker strategy must call it. Returns the output ids.
+
+    Example: `outputs = decode_validation(tf.distribute.get_strategy(), weights)`
+    """
+    from tfdist.recipes.translation_quality import decode_sentences
+
+    source = TranslationTaskSource(11, seed=0, split="validation",
+                                   max_source_words=MAX_SOURCE_WORDS)
+    model = seq2seq_model(strategy, translation_source(EQUIVALENCE_EXAMPLES, EQUIVALENCE_SEED))
+    model.set_weights(weights)
+    return decode_sentences(model, source.source_ids, source.target_length + 1,
+                            beam_size=beam_size, batch_size=3, strategy=strategy)
+
+
 @functools.lru_cache(maxsize=1)
 def one_device_equivalence_run():
     """`equivalence_run` on the default strategy (one device), run once per process:

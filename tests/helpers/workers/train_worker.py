@@ -8,7 +8,8 @@ the requested phases with `tfdist.training.Trainer` and writes what it saw to
   global-norm clipping, short last batch; final weights and losses.
 * `xla`: the same with `jit_compile=True`.
 * `seq2seq`: the translation recipe's smallest encoder-decoder on padded sentence
-  pairs (`seq2seq_common.equivalence_run`); per-step losses and final weights.
+  pairs (`seq2seq_common.equivalence_run`); per-step losses and final weights, and
+  the decoding of validation sentences split over the workers.
 * `callbacks`: fit with validation data and standard Keras callbacks
   (per-rank paths; tfdist makes them write on the chief only), then evaluate
   and predict.
@@ -64,6 +65,9 @@ def phase_sgd(strategy, out, jit_compile=False, name="sgd"):
 def phase_seq2seq(strategy, out):
     losses, weights = seq2seq_common.equivalence_run(strategy)
     np.savez(os.path.join(out, f"rank{rank()}_seq2seq.npz"), *weights)
+    # BLEU decoding split over both workers' replicas, outputs gathered on each.
+    np.save(os.path.join(out, f"rank{rank()}_seq2seq_decoded.npy"),
+            seq2seq_common.decode_validation(strategy, weights))
     with open(os.path.join(out, f"rank{rank()}_seq2seq.json"), "w") as f:
         json.dump({"loss": losses, "replicas": strategy.num_replicas_in_sync}, f)
 
