@@ -94,7 +94,7 @@ def test_text_files_through_the_recipe_data_and_a_resume_reuses_the_tokenizer(tm
     model_dir = str(tmp_path / "run")
     argv = ["--dataset", f"text:{tmp_path}/train.src,{tmp_path}/train.tgt", "--model-dir",
             model_dir, "--subword-vocab-size", "200", "--max-tokens", "20",
-            "--validation-sentences", "40"]
+            "--validation-sentences", "40", "--global-batch-size", "8"]
     config = parse_config(argv, translation.RECIPE.all_options(), prog="t")
     translation.check_config(config)
     data = translation.build_data(config)

@@ -90,7 +90,7 @@ def test_the_shipped_base_config_builds_the_papers_model_and_takes_a_training_st
 
     config = parse_config(["--config", os.path.join(PACKAGED_CONFIGS, "translation_base.yaml"),
                            "--num-examples", "2", "--validation-sentences", "2",
-                           "--max-source-words", "4"],
+                           "--global-batch-size", "2", "--max-source-words", "4"],
                           translation.RECIPE.all_options(), prog="translation")
     translation.check_config(config)
     assert (config.model_size, config.dropout, config.warmup_steps) == ("base", 0.1, 4000)
@@ -137,6 +137,14 @@ def test_print_config_shows_the_translation_defaults(capsys):
     assert options["beam_size"] == 2 and options["length_penalty"] == 0.6
     assert options["dataset"] == "embedded"
     assert printed["resolved"]["xla"] is False
+
+
+def test_fewer_validation_sentences_than_a_global_batch_are_refused(capsys):
+    # The validation batches drop their remainder: no batch would run, val_loss would read 0.
+    assert translation.main(["--validation-sentences", "40"]) == 2
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert "--validation-sentences 40 is fewer than one global batch (--global-batch-size 64)" \
+        in error and "Use --validation-sentences 64 or more" in error
 
 
 def test_label_smoothing_of_one_is_refused_before_tensorflow(capsys):

@@ -153,8 +153,9 @@ MODEL_PARALLEL_REASON = (
 
 def check_config(config):
     """Refuses what this recipe cannot do, before TensorFlow starts: `--model-parallel` > 1,
-    datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, and a
-    `--validation-dataset` beside the embedded task.
+    datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, fewer
+    `--validation-sentences` than one global batch, and a `--validation-dataset`
+    beside the embedded task.
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -176,6 +177,13 @@ def check_config(config):
                 parse_pair_spec(spec)
             except ValueError as error:
                 raise ConfigError(f"{flag}: {error}") from error
+    if config.validation_sentences < config.global_batch_size:
+        raise ConfigError(
+            f"--validation-sentences {config.validation_sentences} is fewer than one global "
+            f"batch (--global-batch-size {config.global_batch_size}): the validation loss "
+            "would run no batch and report 0. Use --validation-sentences "
+            f"{config.global_batch_size} or more (--bleu-sentences sets how many are decoded), "
+            "or a smaller --global-batch-size.")
     if config.validation_dataset and config.dataset in EMBEDDED_DATASETS:
         raise ConfigError(f"--validation-dataset {config.validation_dataset}: the embedded "
                           "task has its own validation split; drop the flag or give a "
