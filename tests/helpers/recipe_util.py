@@ -8,14 +8,29 @@ import sys
 from helpers.paths import REPO_ROOT  # noqa: E402,F401
 
 
-def run_recipe(name, args, timeout=300, env=None):
-    """Returns the CompletedProcess (stdout and stderr merged) of a recipe run."""
+def _recipe_env(env):
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     full_env.pop("TF_CONFIG", None)
     full_env.update(env or {})
+    return full_env
+
+
+def run_recipe(name, args, timeout=300, env=None):
+    """Returns the CompletedProcess (stdout and stderr merged) of a recipe run."""
     return subprocess.run([sys.executable, "-m", f"tfdist.recipes.{name}", *args], cwd=REPO_ROOT,
-                          env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=_recipe_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
+
+
+def start_recipe(name, args, env=None):
+    """Starts a recipe run and returns its Popen (stdout and stderr merged, as text);
+    end it with `helpers.processes.finish`.
+
+    Example: `process = start_recipe("translation", ["--model-dir", str(tmp_path)])`
+    """
+    return subprocess.Popen([sys.executable, "-m", f"tfdist.recipes.{name}", *args],
+                            cwd=REPO_ROOT, env=_recipe_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def final_metric(output, name):

@@ -1,15 +1,20 @@
 """The translation recipe: one short run as a user runs it (BLEU far above copying the
-source, the examples, the run record), its refusal of --model-parallel, --print-config."""
+source, the examples, the run record), the same run SIGKILLed mid-epoch and rerun (the
+uninterrupted run's final weights, to the bit), decoding split over replicas, its
+refusal of --model-parallel, --print-config."""
 
 import glob
 import io
 import os
 import re
+import signal
 
 import pytest
 import yaml
 
-from helpers.recipe_util import run_recipe
+from helpers.compare import assert_same_final_checkpoint
+from helpers.processes import finish, newest_backup, wait_for_backup
+from helpers.recipe_util import run_recipe, start_recipe
 from tfdist.__main__ import main as tfdist_command
 from tfdist.recipes import translate, translation
 from tfdist.recipes.config import PACKAGED_CONFIGS, parse_config
@@ -20,16 +25,26 @@ from tfdist.recipes.config import PACKAGED_CONFIGS, parse_config
 SHORT = ["--config", os.path.join(PACKAGED_CONFIGS, "translation_tiny.yaml"), "--epochs", "1",
          "--num-examples", "6144", "--max-source-words", "6", "--warmup-steps", "20",
          "--validation-sentences", "64", "--beam-size", "1", "--verbose", "2"]
+BACKUPS = ["--backup-every", "20"]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """`(model dir, output)` of the one uninterrupted subprocess run of the recipe (also
+    the few-step run of the shipped translation_tiny config, see
+    test_shipped_configs.RUN_ELSEWHERE), backing up every 20 steps as the killed run does."""
+    model_dir = tmp_path_factory.mktemp("translation") / "run"
+    result = run_recipe("translation", [*SHORT, *BACKUPS, "--model-dir", str(model_dir)],
+                        timeout=600)
+    return model_dir, result
 
 
 @pytest.mark.slow
-def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_path, capsys,
+def test_a_short_run_translates_far_better_than_copying_and_records_bleu(short_run, capsys,
                                                                           monkeypatch):
-    # The one subprocess run of the recipe (also the few-step run of the shipped
-    # translation_tiny config, see test_shipped_configs.RUN_ELSEWHERE); then
-    # `tfdist translate` on the run, in-process.
-    model_dir = str(tmp_path / "run")
-    result = run_recipe("translation", [*SHORT, "--model-dir", model_dir], timeout=600)
+    # Then `tfdist translate` on the run, in-process.
+    model_dir, result = short_run
+    model_dir = str(model_dir)
     out = result.stdout
     assert result.returncode == 0, out[-4000:]
     assert "translation_tiny.yaml" in out, out[-4000:]
@@ -67,6 +82,24 @@ def test_a_short_run_translates_far_better_than_copying_and_records_bleu(tmp_pat
     assert translate.main(["--model-dir", model_dir, "the dog zzyzx"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "['zzyzx'] are not source words" in error[0], error
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_runs_weights(short_run, tmp_path):
+    reference_dir, reference = short_run
+    assert reference.returncode == 0, reference.stdout[-4000:]
+    model_dir = tmp_path / "killed"
+    args = [*SHORT, *BACKUPS, "--model-dir", str(model_dir)]
+    process = start_recipe("translation", args)
+    wait_for_backup(process, model_dir, after=1)  # step 40 of the 96-step epoch
+    process.kill()
+    code, _ = finish(process, timeout=60)
+    assert code == -signal.SIGKILL and newest_backup(model_dir) < 5  # not at the epoch end
+    result = run_recipe("translation", args, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    resumed = re.search(r"resuming from \S+ at epoch 0 step (\d+) ", result.stdout)
+    assert resumed and 40 <= int(resumed.group(1)) < 96, result.stdout[-4000:]
+    assert_same_final_checkpoint(reference_dir, model_dir)
 
 
 def test_translate_refuses_a_directory_that_is_not_a_translation_run(tmp_path, capsys):
