@@ -37,6 +37,20 @@ def _signal_mask_unchanged():
                              f"before {sorted(before)}")
 
 
+@pytest.fixture(autouse=True)
+def _global_policy_unchanged():
+    """Fails a test that leaves Keras's global dtype policy changed: the
+    models of later tests in the same process would be built in it."""
+    def policy():
+        keras = sys.modules.get("keras")
+        return keras.mixed_precision.global_policy().name if keras is not None else "float32"
+
+    before = policy()
+    yield
+    after = policy()
+    assert after == before, f"the test left Keras's global dtype policy {after!r}, not {before!r}"
+
+
 def _under_global_policy(name):
     """Runs a test under the global Keras precision policy `name`, restoring the previous one."""
     import keras

@@ -1,6 +1,7 @@
 """BlockedStopSignals leaves the process as it found it: a recipe run as a
 function (`RECIPE.main(argv)`) must not leave SIGTERM/SIGINT blocked in the
-caller, whose later child processes would inherit the mask."""
+caller, whose later child processes would inherit the mask, nor its precision
+as Keras's global dtype policy."""
 
 import signal
 import threading
@@ -45,7 +46,9 @@ def test_discard_pending_takes_a_late_signal_so_close_delivers_nothing():
     assert blocked() == set()
 
 
-def test_a_recipe_run_in_process_gives_the_signals_back():
+def test_a_recipe_run_in_process_gives_the_signals_and_the_dtype_policy_back():
+    import keras
+
     from tfdist.recipes import transformer
 
     # A batch found not to divide over the replicas once TensorFlow started
@@ -54,5 +57,6 @@ def test_a_recipe_run_in_process_gives_the_signals_back():
                              "--verbose", "0"]) == 2
     assert blocked() == set()
     assert transformer.main(["--epochs", "1", "--steps-per-epoch", "2", "--warmup-steps", "1",
-                             "--verbose", "0"]) == 0
+                             "--verbose", "0", "--precision", "bf16"]) == 0
     assert blocked() == set()
+    assert keras.mixed_precision.global_policy().name == "float32"  # not the run's bf16

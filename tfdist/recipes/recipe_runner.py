@@ -190,14 +190,23 @@ def run_recipe(recipe, argv=None):
     try:
         return _run(recipe, config, prog, where)
     finally:
-        # SIGTERM/SIGINT were blocked for the run: a program that called
-        # main() gets them back (and so do the processes it starts later).
-        # One that came after the run's last look (while it closed its record
-        # or waited for its peers) has nothing left to stop.
-        stop_signals = where.pop("stop_signals", None)
-        if stop_signals is not None:
-            stop_signals.discard_pending()
-            stop_signals.close()
+        _restore_process_state(where)
+
+
+def _restore_process_state(where):
+    """Leaves a program that called `main()` as the run found it: SIGTERM/SIGINT
+    were blocked for the run (the program, and the processes it starts later,
+    get them back; one that came after the run's last look, while it closed
+    its record or waited for its peers, has nothing left to stop), and the
+    run set Keras's global dtype policy to its precision."""
+    stop_signals = where.pop("stop_signals", None)
+    if stop_signals is not None:
+        stop_signals.discard_pending()
+        stop_signals.close()
+    if "policy_before" in where:
+        import keras
+
+        keras.mixed_precision.set_global_policy(where.pop("policy_before"))
 
 
 def _run(recipe, config, prog, where):
@@ -434,6 +443,7 @@ def _train(recipe, config, where):
     precision, jit_compile, xla_reason, autotune_summary = settle_auto_choices(
         recipe, config, info, data, on_gpu=gpus > 0,
         rules=rule_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
+    where["policy_before"] = keras.mixed_precision.global_policy()  # back when main() returns
     keras.mixed_precision.set_global_policy(precision.policy)
     keras.utils.set_random_seed(config.seed)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
