@@ -133,6 +133,8 @@ def test_the_shipped_base_config_builds_the_papers_model_and_takes_a_training_st
     assert built.description.startswith("encoder-decoder 'base': 6+6 layers, d=512, 8 heads, ")
     assert "tied embeddings, label smoothing 0.1" in built.description
     optimizer = build_recipe_optimizer(config, 100_000, built)
+    assert isinstance(optimizer, keras.optimizers.Adam)  # the paper's betas and epsilon
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     built.model.compile(optimizer=optimizer, loss=built.loss, metrics=built.metrics,
                         run_eagerly=True)
     (source, target_in), target_out = next(iter(data.train.read_all().batch(2)))
@@ -178,6 +180,22 @@ def test_fewer_validation_sentences_than_a_global_batch_are_refused(capsys):
     (error,) = capsys.readouterr().err.strip().splitlines()
     assert "--validation-sentences 40 is fewer than one global batch (--global-batch-size 64)" \
         in error and "Use --validation-sentences 64 or more" in error
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--optimizer", "sgd", "--adam-beta2", "0.98"],
+     "--adam-beta2 0.98: optimizer 'sgd' has no beta_2; use --optimizer adam or adamw or lamb "
+     "or lion, or drop the flag."),
+    (["--optimizer", "lion", "--adam-epsilon", "1e-9"],
+     "--adam-epsilon 1e-09: optimizer 'lion' has no epsilon; use --optimizer adam or adamw or "
+     "lamb, or drop the flag."),
+    (["--adam-beta1", "1"], "--adam-beta1 1: a moment decay must be below 1 (e.g. 0.98)."),
+])
+def test_adam_moment_flags_an_optimizer_lacks_are_refused_before_tensorflow(flags, message,
+                                                                            capsys):
+    assert translation.main(flags) == 2
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert error.endswith(message), error
 
 
 def test_label_smoothing_of_one_is_refused_before_tensorflow(capsys):

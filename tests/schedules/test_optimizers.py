@@ -42,3 +42,27 @@ def test_adam_refuses_weight_decay_and_points_to_adamw():
 def test_too_short_step_schedule_is_a_clear_error():
     with pytest.raises(ValueError, match="warmup"):
         build_optimizer("sgd", 0.1, schedule="step", warmup_steps=10, total_steps=12)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "lamb", "lion"])
+def test_moment_settings_reach_the_optimizer_and_none_keeps_keras_defaults(name):
+    epsilon = None if name == "lion" else 1e-9
+    optimizer = build_optimizer(name, 0.1, beta_1=0.8, beta_2=0.98, epsilon=epsilon)
+    assert (optimizer.beta_1, optimizer.beta_2) == (pytest.approx(0.8), pytest.approx(0.98))
+    if epsilon is not None:
+        assert optimizer.epsilon == pytest.approx(1e-9)
+    default = build_optimizer(name, 0.1)
+    keras_default = getattr(keras.optimizers, {"adam": "Adam", "adamw": "AdamW", "lamb": "Lamb",
+                                               "lion": "Lion"}[name])(0.1)
+    assert default.beta_2 == pytest.approx(keras_default.beta_2)
+
+
+@pytest.mark.parametrize("name, settings, message", [
+    ("sgd", {"beta_2": 0.98}, "Optimizer 'sgd' has no beta_2 (got 0.98); adam, adamw, lamb, lion"),
+    ("lion", {"epsilon": 1e-9}, "Optimizer 'lion' has no epsilon (got 1e-09); adam, adamw, lamb"),
+    ("adam", {"beta_1": 1.0}, "beta_1 must be in [0, 1), got 1."),
+])
+def test_a_moment_setting_the_optimizer_lacks_is_refused(name, settings, message):
+    with pytest.raises(ValueError) as error:
+        build_optimizer(name, 0.1, **settings)
+    assert message in str(error.value)

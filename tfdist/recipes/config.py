@@ -181,6 +181,17 @@ COMMON_OPTIONS = [
            "Linear warmup steps; more than the run's optimizer steps is an error.", minimum=0,
            changes_step_speed=False),
     Option("weight_decay", float, 0.0, "Decoupled weight decay (adamw, lion, lamb, sgd).", minimum=0.0),
+    Option("adam_beta1", float, None,
+           "Decay of the first-moment average, below 1 (adam, adamw, lamb, lion; default "
+           "Keras's 0.9).", minimum=0.0, changes_step_speed=False),
+    Option("adam_beta2", float, None,
+           "Decay of the second-moment average, below 1 (adam, adamw, lamb, lion; default "
+           "Keras's 0.999, lion's 0.99; the Transformer paper's 0.98).", minimum=0.0,
+           changes_step_speed=False),
+    Option("adam_epsilon", float, None,
+           "Epsilon added to the second-moment root (adam, adamw, lamb; default Keras's 1e-7, "
+           "lamb's 1e-6; the Transformer paper's 1e-9).", minimum=0.0,
+           changes_step_speed=False),
     Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
            minimum=0.0),
     Option("grad_accum_steps", int, 1, "Micro-batches accumulated per optimizer step.", minimum=1),

@@ -15,7 +15,35 @@ from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
 from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
 from tfdist.runtime.gpu_memory import check_allow_growth_env
-from tfdist.schedules.choices import MIN_STEPS_AFTER_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN
+from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS,
+                                      SCHEDULES_SHAPED_BY_THE_RUN)
+
+
+def check_optimizer_moments(config):
+    """`--adam-beta1`, `--adam-beta2` and `--adam-epsilon` only for an optimizer
+    that has them, betas below 1.
+
+    Raises:
+        ConfigError: naming the flag, the optimizer and those that have it.
+
+    Example:
+
+    >>> check_optimizer_moments(parse_config(["--optimizer", "sgd", "--adam-beta2", "0.98"], ...))
+    Traceback (most recent call last):
+    ConfigError: --adam-beta2 0.98: optimizer 'sgd' has no beta_2; ...
+    """
+    for flag, setting, value in (("--adam-beta1", "beta_1", config.adam_beta1),
+                                 ("--adam-beta2", "beta_2", config.adam_beta2),
+                                 ("--adam-epsilon", "epsilon", config.adam_epsilon)):
+        if value is None:
+            continue
+        owners = MOMENT_SETTINGS[setting]
+        if config.optimizer not in owners:
+            raise ConfigError(f"{flag} {value:g}: optimizer {config.optimizer!r} has no "
+                              f"{setting}; use --optimizer {' or '.join(owners)}, or drop the "
+                              "flag.")
+        if setting != "epsilon" and value >= 1.0:
+            raise ConfigError(f"{flag} {value:g}: a moment decay must be below 1 (e.g. 0.98).")
 
 
 def check_before_tensorflow(recipe, config):
@@ -50,6 +78,7 @@ def check_before_tensorflow(recipe, config):
         check_allow_growth_env(config.gpu_memory, explicit="gpu_memory" in config.explicit)
     except ValueError as error:
         raise ConfigError(f"--gpu-memory: {error}") from None
+    check_optimizer_moments(config)
     check_skip_corrupt_records(config)
     check_output_folders(config)
     for flag, value in (("--profile-steps", config.profile_steps),):

@@ -23,7 +23,8 @@ def build_recipe_optimizer(config, total_steps, built):
     optimizer = build_optimizer(
         config.optimizer, config.learning_rate, schedule=config.schedule,
         warmup_steps=config.warmup_steps, total_steps=total_steps,
-        weight_decay=config.weight_decay)
+        weight_decay=config.weight_decay, beta_1=config.adam_beta1, beta_2=config.adam_beta2,
+        epsilon=config.adam_epsilon)
     if built.prepare_optimizer is not None:
         built.prepare_optimizer(optimizer)
     return optimizer

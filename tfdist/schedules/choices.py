@@ -17,6 +17,11 @@ Example:
 OPTIMIZER_NAMES = ("adam", "adamw", "sgd", "momentum", "lamb", "lion")
 """Names `build_optimizer` accepts (`momentum` is SGD with Nesterov momentum)."""
 
+MOMENT_SETTINGS = {"beta_1": ("adam", "adamw", "lamb", "lion"),
+                   "beta_2": ("adam", "adamw", "lamb", "lion"),
+                   "epsilon": ("adam", "adamw", "lamb")}
+"""The Adam-style moment settings of `build_optimizer` and the optimizers that have them."""
+
 SCHEDULE_NAMES = (
     "constant",
     "step",

@@ -7,7 +7,7 @@ strategy when they are constructed.
 import keras
 
 from tfdist.schedules import make_schedule
-from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, OPTIMIZER_NAMES,
+from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS, OPTIMIZER_NAMES,
                                       SCHEDULES_SHAPED_BY_THE_RUN)
 
 
@@ -28,8 +28,32 @@ def _recipe_schedule_options(schedule, warmup_steps, total_steps):
     return {"first_decay_steps": max(1, decay // 4)}
 
 
+def check_moment_settings(name, **settings):
+    """Refuses a moment setting (`beta_1`, `beta_2`, `epsilon`) the optimizer
+    `name` does not have, and betas outside [0, 1); None means Keras's default.
+
+    Raises:
+        ValueError: naming the setting, the optimizer and those that have it.
+
+    Example:
+
+    >>> check_moment_settings("sgd", beta_2=0.98)
+    Traceback (most recent call last):
+    ValueError: Optimizer 'sgd' has no beta_2 (got 0.98); adam, adamw, lamb, lion have it.
+    """
+    for setting, value in settings.items():
+        if value is None:
+            continue
+        owners = MOMENT_SETTINGS[setting]
+        if name not in owners:
+            raise ValueError(f"Optimizer {name!r} has no {setting} (got {value:g}); "
+                             f"{', '.join(owners)} have it.")
+        if setting.startswith("beta") and not 0.0 <= value < 1.0:
+            raise ValueError(f"{setting} must be in [0, 1), got {value:g}.")
+
+
 def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0, total_steps=None,
-                    weight_decay=0.0, momentum=0.9):
+                    weight_decay=0.0, momentum=0.9, beta_1=None, beta_2=None, epsilon=None):
     """Returns a Keras optimizer whose learning rate follows a warmup schedule.
 
     Args:
@@ -46,6 +70,9 @@ def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0,
         weight_decay: decoupled weight decay (ignored by `adam`; passed to
             the other optimizers, which all take it in Keras 3).
         momentum: momentum for `momentum`.
+        beta_1, beta_2, epsilon: the moment settings of `adam`, `adamw`,
+            `lamb` (all three) and `lion` (the betas); None keeps Keras's
+            default. Set for an optimizer without them: an error.
 
     Returns:
         A `keras.optimizers.Optimizer`.
@@ -61,21 +88,24 @@ def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0,
     """
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"Unknown optimizer {name!r}. Valid optimizers: {', '.join(OPTIMIZER_NAMES)}.")
+    check_moment_settings(name, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
     rate = make_schedule(schedule, learning_rate, warmup_steps=warmup_steps, total_steps=total_steps,
                          **_recipe_schedule_options(schedule, warmup_steps, total_steps))
     decay = {"weight_decay": weight_decay} if weight_decay else {}
+    moments = {key: value for key, value in
+               (("beta_1", beta_1), ("beta_2", beta_2), ("epsilon", epsilon)) if value is not None}
     if name == "adam":
         if weight_decay:
             raise ValueError(
                 f"Optimizer 'adam' has no decoupled weight decay (got weight_decay={weight_decay}); "
                 "use 'adamw'.")
-        return keras.optimizers.Adam(rate)
+        return keras.optimizers.Adam(rate, **moments)
     if name == "adamw":
-        return keras.optimizers.AdamW(rate, weight_decay=weight_decay)
+        return keras.optimizers.AdamW(rate, weight_decay=weight_decay, **moments)
     if name == "sgd":
         return keras.optimizers.SGD(rate, **decay)
     if name == "momentum":
         return keras.optimizers.SGD(rate, momentum=momentum, nesterov=True, **decay)
     if name == "lamb":
-        return keras.optimizers.Lamb(rate, **decay)
-    return keras.optimizers.Lion(rate, **decay)
+        return keras.optimizers.Lamb(rate, **decay, **moments)
+    return keras.optimizers.Lion(rate, **decay, **moments)
