@@ -161,3 +161,33 @@ def test_predict_of_batches_with_different_lengths_is_ragged_like_keras():
     np.testing.assert_allclose(actual.flat_values.numpy(), expected.flat_values.numpy(),
                                rtol=1e-6)
     assert actual.row_lengths().numpy().tolist() == expected.row_lengths().numpy().tolist()
+
+
+@pytest.mark.parametrize("replicas", [None, 2])
+def test_validation_data_without_a_full_batch_logs_no_val_metrics_like_keras(replicas):
+    """3 validation rows in batches of 4 with the remainder dropped: no batch. Keras logs
+    no `val_` keys and `evaluate` returns []; tfdist did log `val_loss` 0.0."""
+    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    empty = tf.data.Dataset.from_tensor_slices((x[:3], y[:3])).batch(4, drop_remainder=True)
+
+    def compiled():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", metrics=["mae"])
+        return model
+
+    with pytest.warns(UserWarning):
+        expected = compiled().fit(x, y, batch_size=4, validation_data=empty, verbose=0)
+    strategy = None if replicas is None else mirrored(replicas)
+    if strategy is None:
+        model = compiled()
+    else:
+        with strategy.scope():
+            model = compiled()
+    trainer = Trainer(model, strategy=strategy)
+    with pytest.warns(UserWarning, match="The evaluation data gave no batch"):
+        history = trainer.fit(x, y, batch_size=4, validation_data=empty, verbose=0)
+    assert set(history.history) - {"learning_rate"} == set(expected.history) == {"loss", "mae"}
+    with pytest.warns(UserWarning, match="gave no batch"):
+        assert trainer.evaluate(empty, verbose=0) == []
+    with pytest.warns(UserWarning, match="gave no batch"):
+        assert trainer.evaluate(empty, verbose=0, return_dict=True) == {}

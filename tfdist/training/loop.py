@@ -82,8 +82,9 @@ def run_evaluation(model, test_function, data, steps, callback_list, *, steps_pe
         steps_per_execution: batches per compiled call, an int >= 1.
 
     Returns:
-        `{name: float}` logs (the model's metric results when there was no
-        batch).
+        `{name: float}` logs; `{}` with a warning when the data gave no
+        batch (as Keras's `evaluate`: no `val_` metrics rather than the
+        metrics' initial zeros).
 
     Example:
 
@@ -95,7 +96,12 @@ def run_evaluation(model, test_function, data, steps, callback_list, *, steps_pe
     callback_list.on_test_begin()
     logs, _ = run_batches(test_function, iter(data), steps, callback_list, "test", model=model,
                           steps_per_execution=steps_per_execution)
-    logs = pythonify(logs if logs is not None else model.get_metrics_result())
+    if logs is None and steps != 0:
+        warnings.warn(
+            "The evaluation data gave no batch (an empty dataset, or fewer examples than one "
+            "batch when the last partial batch is dropped): no loss or metric is reported for "
+            "it. Give it at least one full batch.", UserWarning, stacklevel=2)
+    logs = pythonify(logs) if logs is not None else {}
     callback_list.on_test_end(logs)
     return logs
 
