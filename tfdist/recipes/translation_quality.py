@@ -143,17 +143,21 @@ class SentenceDecoder:
         return self._decode(shares).numpy()
 
 
-def sentence_decoder(model, max_length, beam_size=4, length_penalty=0.6,
+def sentence_decoder(model, num_sentences, max_length, beam_size=4, length_penalty=0.6,
                      batch_size=DECODE_BATCH_SIZE, strategy=None):
-    """A `SentenceDecoder`; keep it to decode again without tracing again.
+    """A `SentenceDecoder` sized for `num_sentences`: `batch_size` rows per replica
+    a call, fewer when the sentences fill less (so a few sentences are not padded
+    to a full batch). Keep it to decode again without tracing again.
 
     Example:
 
-    >>> decoder = sentence_decoder(model, max_length=19, beam_size=4)
-    >>> decode_sentences(model, source_ids, 19, decoder=decoder).shape[1]
-    19
+    >>> decoder = sentence_decoder(model, 3, max_length=19, beam_size=4)
+    >>> decoder.rows_per_call, decode_sentences(model, source_ids[:3], 19, decoder=decoder).shape
+    (3, (3, 19))
     """
-    return SentenceDecoder(model, max_length, beam_size, length_penalty, batch_size, strategy)
+    replicas = decoding_replicas(strategy)
+    per_replica = max(1, min(batch_size, -(-num_sentences // replicas)))
+    return SentenceDecoder(model, max_length, beam_size, length_penalty, per_replica, strategy)
 
 
 def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=0.6,
@@ -186,10 +190,8 @@ def decode_sentences(model, source_ids, max_length, beam_size=4, length_penalty=
     """
     source_ids = np.asarray(source_ids, np.int32)
     if decoder is None:
-        replicas = decoding_replicas(strategy)
-        per_replica = max(1, min(batch_size, -(-len(source_ids) // replicas)))
-        decoder = SentenceDecoder(model, max_length, beam_size, length_penalty, per_replica,
-                                  strategy)
+        decoder = sentence_decoder(model, len(source_ids), max_length, beam_size, length_penalty,
+                                   batch_size, strategy)
     rows_per_call = decoder.rows_per_call
     outputs = []
     for start in range(0, len(source_ids), rows_per_call):
@@ -300,11 +302,9 @@ def translation_callback_class():
             None off the chief, which alone scores)."""
             source, count = self.source, self.num_sentences
             if self.decoder is None:
-                replicas = decoding_replicas(self.strategy)
-                per_replica = max(1, min(DECODE_BATCH_SIZE, -(-count // replicas)))
-                self.decoder = SentenceDecoder(self.translation_model, source.target_length + 1,
-                                               self.beam_size, self.length_penalty,
-                                               per_replica, self.strategy)
+                self.decoder = sentence_decoder(self.translation_model, count,
+                                                source.target_length + 1, self.beam_size,
+                                                self.length_penalty, strategy=self.strategy)
             outputs = decode_sentences(self.translation_model, source.source_ids[:count],
                                        self.decoder.max_length, decoder=self.decoder)
             hypotheses = [source.vocabulary.decode(row) for row in outputs]
