@@ -16,7 +16,7 @@ from tfdist.recipes.recipe_optimizer import optimizer_steps
 from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
 from tfdist.runtime.gpu_memory import check_allow_growth_env
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS,
-                                      SCHEDULES_SHAPED_BY_THE_RUN)
+                                      SCHEDULES_SHAPED_BY_THE_RUN, moment_setting_fault)
 
 
 def check_optimizer_moments(config):
@@ -35,14 +35,12 @@ def check_optimizer_moments(config):
     for flag, setting, value in (("--adam-beta1", "beta_1", config.adam_beta1),
                                  ("--adam-beta2", "beta_2", config.adam_beta2),
                                  ("--adam-epsilon", "epsilon", config.adam_epsilon)):
-        if value is None:
-            continue
-        owners = MOMENT_SETTINGS[setting]
-        if config.optimizer not in owners:
+        fault = moment_setting_fault(config.optimizer, setting, value)
+        if fault == "missing":
+            owners = " or ".join(MOMENT_SETTINGS[setting])
             raise ConfigError(f"{flag} {value:g}: optimizer {config.optimizer!r} has no "
-                              f"{setting}; use --optimizer {' or '.join(owners)}, or drop the "
-                              "flag.")
-        if setting != "epsilon" and value >= 1.0:
+                              f"{setting}; use --optimizer {owners}, or drop the flag.")
+        if fault == "range":
             raise ConfigError(f"{flag} {value:g}: a moment decay must be below 1 (e.g. 0.98).")
 
 

@@ -22,6 +22,26 @@ MOMENT_SETTINGS = {"beta_1": ("adam", "adamw", "lamb", "lion"),
                    "epsilon": ("adam", "adamw", "lamb")}
 """The Adam-style moment settings of `build_optimizer` and the optimizers that have them."""
 
+
+def moment_setting_fault(optimizer, setting, value):
+    """What is wrong with `value` for the moment `setting` of `optimizer`:
+    `"missing"` (the optimizer has no such setting), `"range"` (a beta outside
+    [0, 1)), or None (fine, or None: Keras's default). The one rule behind the
+    recipes' flag check and `build_optimizer`'s; each words its own message.
+
+    Example:
+
+    >>> moment_setting_fault("sgd", "beta_2", 0.98), moment_setting_fault("adam", "beta_1", 1.0)
+    ('missing', 'range')
+    """
+    if value is None:
+        return None
+    if optimizer not in MOMENT_SETTINGS[setting]:
+        return "missing"
+    if setting.startswith("beta") and not 0.0 <= value < 1.0:
+        return "range"
+    return None
+
 SCHEDULE_NAMES = (
     "constant",
     "step",

@@ -8,7 +8,7 @@ import keras
 
 from tfdist.schedules import make_schedule
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS, OPTIMIZER_NAMES,
-                                      SCHEDULES_SHAPED_BY_THE_RUN)
+                                      SCHEDULES_SHAPED_BY_THE_RUN, moment_setting_fault)
 
 
 def _recipe_schedule_options(schedule, warmup_steps, total_steps):
@@ -42,13 +42,11 @@ def check_moment_settings(name, **settings):
     ValueError: Optimizer 'sgd' has no beta_2 (got 0.98); adam, adamw, lamb, lion have it.
     """
     for setting, value in settings.items():
-        if value is None:
-            continue
-        owners = MOMENT_SETTINGS[setting]
-        if name not in owners:
+        fault = moment_setting_fault(name, setting, value)
+        if fault == "missing":
             raise ValueError(f"Optimizer {name!r} has no {setting} (got {value:g}); "
-                             f"{', '.join(owners)} have it.")
-        if setting.startswith("beta") and not 0.0 <= value < 1.0:
+                             f"{', '.join(MOMENT_SETTINGS[setting])} have it.")
+        if fault == "range":
             raise ValueError(f"{setting} must be in [0, 1), got {value:g}.")
 
 
