@@ -19,8 +19,8 @@ def test_a_tfds_run_saves_its_tokenizer_and_translate_gives_its_printed_examples
     model_dir = str(tmp_path / "run")
     argv = ["--dataset", "tfds:wmt14_translate/de-en", "--download", "true", "--model-dir",
             model_dir, "--subword-vocab-size", "64", "--max-tokens", "24",
-            "--validation-sentences", "16", "--bleu-sentences", "4", "--global-batch-size", "16", "--epochs", "1",
-            "--warmup-steps", "1", "--beam-size", "1", "--verbose", "2"]
+            "--validation-sentences", "16", "--bleu-sentences", "4", "--global-batch-size", "16",
+            "--epochs", "1", "--warmup-steps", "1", "--beam-size", "1", "--verbose", "2"]
     with tfds.testing.mock_data(num_examples=32):
         assert translation.main(argv) == 0
     out = capsys.readouterr().out
