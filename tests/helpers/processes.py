@@ -8,7 +8,6 @@ process left behind.
     code, out = finish(process, timeout=60)
 """
 
-import glob
 import re
 import time
 
@@ -32,18 +31,24 @@ def finish(process, timeout):
 
 
 def newest_backup(model_dir):
-    """The number of the newest backup in `model_dir/backup` (`ckpt-N.index`), 0 if none.
+    """The number of the newest committed backup in `model_dir/backup`: the
+    highest `ckpt-N` its index (`backup/checkpoint`, replaced whole on each
+    commit) lists, 0 if none. A backup whose files exist but that the index
+    does not list yet is still being written, and a kill then resumes from
+    the one before it.
 
     Example: `newest_backup(tmp_path / "run")`
     """
-    numbers = [int(re.search(r"ckpt-(\d+)\.index$", path).group(1))
-               for path in glob.glob(str(model_dir / "backup" / "ckpt-*.index"))]
-    return max(numbers, default=0)
+    try:
+        index = (model_dir / "backup" / "checkpoint").read_text()
+    except FileNotFoundError:
+        return 0
+    return max((int(n) for n in re.findall(r'"ckpt-(\d+)"', index)), default=0)
 
 
 def wait_for_backup(process, model_dir, after=0, deadline=240):
-    """Waits until a backup newer than number `after` is written (training is
-    past its first steps); returns its number. Fails the test if `process`
+    """Waits until a backup newer than number `after` is committed (training
+    is past its first steps); returns its number. Fails the test if `process`
     exits first or after `deadline` seconds.
 
     Example: `wait_for_backup(process, tmp_path / "run", after=1)`
