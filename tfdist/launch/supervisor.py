@@ -182,7 +182,7 @@ def launch(command, workers, *, ps=0, devices_per_worker=None, gpus_per_worker=N
     while True:
         remaining = None if not timeout else max(timeout - (time.monotonic() - started), 0.001)
         job = _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
-                        startup_timeout, remaining, out, err, grace_period)
+                        startup_timeout, remaining, timeout, out, err, grace_period)
         status = job.status
         if (status == 0 or restarts >= max_restarts or job.signals
                 or status in NOT_RESTARTED):
@@ -214,8 +214,10 @@ def _gpu_groups(tasks, base_env, gpus_per_worker):
 
 
 def _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
-              startup_timeout, timeout, out, err, grace_period):
-    """Starts the tasks on fresh ports and supervises them; returns the `_Job`."""
+              startup_timeout, remaining, job_deadline, out, err, grace_period):
+    """Starts the tasks on fresh ports and supervises them for at most
+    `remaining` seconds of the `job_deadline` (--timeout, counted over restarts);
+    returns the `_Job`."""
     ports = cluster_lib.free_ports(len(tasks), host)
     cluster = cluster_lib.cluster_spec(host, ports, tasks)
     ready_dir = scratch.make_ready_dir()
@@ -229,7 +231,7 @@ def _run_once(command, tasks, host, base_env, devices_per_worker, gpu_groups,
         err.write_line(MESSAGE_PREFIX + f"starting {job_class.describe_cluster(cluster)}: "
                        f"{shlex.join(command)}")
         job = job_class(command, tasks, envs, ready_files, out, err, grace_period)
-        job.status = job.run(startup_timeout, timeout)
+        job.status = job.run(startup_timeout, remaining, job_deadline)
         return job
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
@@ -274,12 +276,12 @@ class _Job:
     def say(self, text):
         self.err.write_line(MESSAGE_PREFIX + text)
 
-    def run(self, startup_timeout, timeout):
+    def run(self, startup_timeout, remaining, job_deadline):
         previous = self._install_signal_handlers()
         try:
             status = self._start()
             if status is None:
-                status = self._supervise(startup_timeout, timeout)
+                status = self._supervise(startup_timeout, remaining, job_deadline)
             return status
         finally:
             self._cleanup()
@@ -318,7 +320,7 @@ class _Job:
                           worker_stderr_sink(self.err, f"[{label}] ", env))
         return None
 
-    def _supervise(self, startup_timeout, timeout):
+    def _supervise(self, startup_timeout, remaining, job_deadline):
         started = time.monotonic()
         ready = [False] * len(self.procs)
         while True:
@@ -348,8 +350,9 @@ class _Job:
                              f"stopping {self.EVERYONE}.")
                     self._stop(signal.SIGTERM)
                     return EXIT_STARTUP_TIMEOUT
-            if timeout and elapsed > timeout:
-                self.say(f"job deadline of {timeout:g}s (--timeout) exceeded; "
+            if remaining and elapsed > remaining:
+                # The user's value, not the time left of it after restarts.
+                self.say(f"job deadline of {job_deadline:g}s (--timeout) exceeded; "
                          f"stopping {self.EVERYONE}.")
                 self._stop(signal.SIGTERM)
                 return EXIT_TIMEOUT
