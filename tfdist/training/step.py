@@ -119,12 +119,7 @@ class StepFunctions:
         self._single = strategy.num_replicas_in_sync == 1 and grad_accum_steps == 1
         self.accumulator = None
         if grad_accum_steps > 1:
-            with strategy.scope():
-                self.accumulator = GradientAccumulator(model.trainable_variables,
-                                                       self.loss_stats.size)
-                self.micro_step = tf.Variable(
-                    0, dtype=tf.int64, trainable=False, name="micro_step",
-                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self._make_accumulator()
         # What XLA compiles: the replica computation (forward, loss, backward),
         # never the all-reduce or the update, except without any distribution
         # at all, where the whole step is compiled (as Keras does).
@@ -138,6 +133,23 @@ class StepFunctions:
         (self.train_function, self.test_function, self.predict_function,
          self.skip_function) = compile_step_functions(
             self._train_loop, self._test_loop, self._predict_batch, run_eagerly=run_eagerly)
+
+    def _make_accumulator(self):
+        """The per-replica gradient buffers and the micro-batch counter."""
+        with self.strategy.scope():
+            self.accumulator = GradientAccumulator(self.model.trainable_variables,
+                                                   self.loss_stats.size)
+            self.micro_step = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="micro_step",
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+    def _run_replicas(self, replica_fn, args=()):
+        """Runs `replica_fn(*args)` on every replica (`strategy.run`)."""
+        return self.strategy.run(replica_fn, args=args)
+
+    def _sum_over_replicas(self, values):
+        """In replica context: the SUM of `values` over all replicas (one all-reduce)."""
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
 
     # ----------------------------------------------------------- replica work
     def _objective_terms(self, x, y, sample_weight, training):
@@ -289,9 +301,7 @@ class StepFunctions:
         if self._single:
             reduced = [grads[i] for i in present] + [summed_stats]
         else:
-            reduced = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM,
-                [grads[i] for i in present] + [summed_stats])
+            reduced = self._sum_over_replicas([grads[i] for i in present] + [summed_stats])
         totals = reduced[-1]
         _, divisor, _ = self._global_loss(totals)
         summed = reduced[:-1]
@@ -330,8 +340,7 @@ class StepFunctions:
         self.update_metrics(x, y, y_pred, mask, sample_weight)
         totals = self.loss_stats.summed(stats)
         if not self._single:
-            totals = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, totals)
+            totals = self._sum_over_replicas(totals)
         self.record_loss(totals, self.loss_stats.examples(stats))
 
     def _replica_predict(self, data):
@@ -341,16 +350,16 @@ class StepFunctions:
     # ------------------------------------------------------ cross-replica work
     def _train_step(self, data):
         if self.accumulator is None:
-            self.strategy.run(self._run_replica_train, args=(data,))
+            self._run_replicas(self._run_replica_train, args=(data,))
             return
-        self.strategy.run(self._replica_accumulate, args=(data,))
+        self._run_replicas(self._replica_accumulate, args=(data,))
         micro_step = self.micro_step.assign_add(1)
         tf.cond(tf.equal(micro_step % self.grad_accum_steps, 0),
-                lambda: self.strategy.run(self._replica_apply_accumulated),
+                lambda: self._run_replicas(self._replica_apply_accumulated),
                 lambda: None)
 
     def _test_step(self, data):
-        self.strategy.run(self._run_replica_test, args=(data,))
+        self._run_replicas(self._run_replica_test, args=(data,))
 
     def _loop(self, step, iterator, num_steps):
         return run_steps(step, iterator, num_steps), self._metric_results()
@@ -378,7 +387,7 @@ class StepFunctions:
         """
         if self.accumulator is None:
             return
-        tf.function(lambda: self.strategy.run(self.accumulator.reset), autograph=False)()
+        tf.function(lambda: self._run_replicas(self.accumulator.reset), autograph=False)()
         self.micro_step.assign(0)
 
     def at_update_boundary(self):
