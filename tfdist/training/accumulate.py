@@ -20,6 +20,9 @@ class GradientAccumulator:
             float32 buffer of the same shape is made for each.
         stats_size: length of the float32 statistics vector accumulated next
             to the gradients (loss numerator, count, ...).
+        on_variable_devices: create each buffer on its variable's device
+            (tensor-parallel shards each on their own device); otherwise
+            where the strategy puts it.
 
     Example:
 
@@ -29,14 +32,22 @@ class GradientAccumulator:
     >>> acc.add(grads, stats); grads, stats = acc.read(); acc.reset()
     """
 
-    def __init__(self, variables, stats_size):
+    def __init__(self, variables, stats_size, on_variable_devices=False):
         def buffer(shape, name):
             return tf.Variable(
                 tf.zeros(shape, tf.float32), trainable=False, name=name,
                 synchronization=tf.VariableSynchronization.ON_READ,
                 aggregation=tf.VariableAggregation.SUM)
 
-        self.gradients = [buffer(v.shape, f"accumulated_{i}") for i, v in enumerate(variables)]
+        def placed(variable):
+            # A tensor-parallel shard's buffer beside the shard, not on the first device.
+            device = getattr(variable, "value", variable).device
+            return tf.device(device if on_variable_devices else None)
+
+        self.gradients = []
+        for i, variable in enumerate(variables):
+            with placed(variable):
+                self.gradients.append(buffer(variable.shape, f"accumulated_{i}"))
         self.stats = buffer((stats_size,), "accumulated_stats")
 
     def add(self, grads, stats):
