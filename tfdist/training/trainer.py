@@ -13,9 +13,10 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from tfdist.seam import (join_predicted_batches, metrics_in_keras_order, model_compile_config,
-                         model_compile_loss, model_initial_epoch, model_strategy,
-                         optimizer_trainable_variables, symbolic_build)
+from tfdist.seam import (default_strategy, join_predicted_batches, metrics_in_keras_order,
+                         model_compile_config, model_compile_loss, model_initial_epoch,
+                         model_strategy, optimizer_trainable_variables, set_optimizer_strategy,
+                         symbolic_build)
 from tfdist.training.callback_list import make_callback_list
 from tfdist.training.compiled import check_hooks, compile_model
 from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_spec,
@@ -28,11 +29,14 @@ from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
 from tfdist.training.own_step import OWN_STEP_HOOKS, StepFunctionsWithOwnSteps
 from tfdist.training.model_parallel.gpipe import (PipelineStepFunctions, check_model_parallel_arguments,
                                       check_pipeline_settings)
-from tfdist.training.model_parallel.placement import (deferred_build, place_metric_variables, place_stages,
-                                       stage_devices, updates_on_variable_devices)
+from tfdist.training.model_parallel.placement import (deferred_build, outside_strategy_scopes,
+                                                      place_metric_variables, place_stages,
+                                                      plain_variables, stage_devices,
+                                                      updates_on_variable_devices)
 from tfdist.training.model_parallel.stages import plan_stages, split_model
 from tfdist.training.tensor_parallel import layout as tensor_layout
 from tfdist.training.tensor_parallel import split as tensor_split
+from tfdist.training.tensor_parallel.steps import WorkerReplicaStepFunctions
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
@@ -134,9 +138,11 @@ class Trainer:
             layers are split by channels (`tfdist.training.tensor_parallel`),
             `trainer.model`, starting from the model's weights; after each
             `fit` the trained weights are gathered back into `model`. Runs
-            under the default strategy (float32 or a mixed policy, with or
-            without gradient accumulation), without XLA so far (the rest is
-            refused by name).
+            under the default strategy, or MultiWorkerMirroredStrategy with
+            one device per worker (one split copy per worker, data parallel
+            across workers; `tfdist.training.tensor_parallel.steps`), float32
+            or a mixed policy, with or without gradient accumulation, without
+            XLA so far (the rest is refused by name).
         layout_map: with tensor_parallel > 1, a `keras.distribution.LayoutMap`
             (variable path pattern -> which axis is sharded over the mesh's
             model axis).
@@ -215,12 +221,28 @@ class Trainer:
             grad_accum_steps=self.grad_accum_steps, hooks=self.hooks)
         plan = tensor_layout.plan_shards(model, layout_map, self.tensor_parallel)
         self.shard_plan = plan.with_devices(tensor_split.shard_devices(self.tensor_parallel))
-        split = tensor_split.split_model(model, self.shard_plan)
-        tensor_split.compile_like(split, model)
+        with self._variable_scope():
+            split = tensor_split.split_model(model, self.shard_plan)
+            tensor_split.compile_like(split, model)
+        # The shards are plain variables: the optimizer updates them with the default
+        # strategy; what crosses workers is WorkerReplicaStepFunctions' own all-reduce.
+        for opt in optimizer_chain(split.optimizer):
+            set_optimizer_strategy(opt, default_strategy())
         self.model = split
         self.hooks = own_hooks(split)
         self._use_compiled_settings(compile_model(split, self.strategy))
         self._followed = ModelState.of(split)
+
+    def _variable_scope(self):
+        """Where the model's variables (metrics, optimizer slots) are created: the
+        strategy's scope, or, for a tensor-parallel split copy, outside every
+        strategy scope as plain variables (each shard on its device)."""
+        if self.tensor_parallel > 1:
+            scope = contextlib.ExitStack()
+            scope.enter_context(outside_strategy_scopes())
+            scope.enter_context(plain_variables())
+            return scope
+        return self.strategy.scope()
 
     def _use_compiled_settings(self, settings):
         """Takes the execution settings of the model's compile() (the trainer's own
@@ -610,7 +632,7 @@ class Trainer:
         """
         spec = per_replica_spec(data.element_spec)
         unpack(spec, need_targets=self._needs_targets(mode))
-        with self.strategy.scope():
+        with self._variable_scope():
             if mode != "predict":
                 # With model_parallel > 1 the optimizer is built once the stages are placed.
                 with deferred_build(self.optimizer if self.model_parallel > 1 else None):
@@ -623,7 +645,7 @@ class Trainer:
                 self._place_stages()  # builds the optimizer on the stages' devices
             elif self.optimizer is not None and not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
-        if self.model_parallel == 1:
+        if self.model_parallel == 1 and self.tensor_parallel == 1:
             _check_model_in_scope(self.model, self.strategy)
         if mode == "train" and "train_step" in self.hooks:
             _check_own_optimizers_built(self.model, self.strategy)
@@ -680,6 +702,9 @@ class Trainer:
         settings = dict(jit_compile=self.jit_compile, grad_accum_steps=self.grad_accum_steps,
                         clip_norm=self.clip_norm, custom_loss="compute_loss" in self.hooks,
                         run_eagerly=self.run_eagerly)
+        if self.tensor_parallel > 1:
+            return WorkerReplicaStepFunctions(self.model, self.optimizer, loss, self.strategy,
+                                              **settings)
         own = [hook for hook in OWN_STEP_HOOKS if hook in self.hooks]
         if own:
             return StepFunctionsWithOwnSteps(self.model, self.optimizer, loss, self.strategy,

@@ -337,6 +337,7 @@ def test_trainer_refuses_what_is_not_supported_yet_by_name():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = mlp()
-    with pytest.raises(ValueError, match="default strategy on one worker so far, got "
-                                         "MirroredStrategy with 2 replica"):
+    with pytest.raises(ValueError, match="needs the default strategy \\(one worker\\) or "
+                                         "MultiWorkerMirroredStrategy with one device per "
+                                         "worker .* got MirroredStrategy with 2 replica"):
         Trainer(model, tensor_parallel=2, layout_map=layout())

@@ -124,6 +124,9 @@ def test_accumulated_micro_batches_equal_one_big_batch_on_one_device():
     for a, b in zip(two.get_weights(), one.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert not np.allclose(two.get_layer("up").kernel, mlp().get_layer("up").kernel, atol=1e-3)
-    # One float32 buffer per variable of the split copy (each shard its own).
+    # One float32 buffer per variable of the split copy (each shard its own), beside it.
     buffers = trainer.step_functions.accumulator.gradients
-    assert [b.shape for b in buffers] == [v.shape for v in trainer.model.trainable_variables]
+    variables = trainer.model.trainable_variables
+    assert [b.shape for b in buffers] == [v.shape for v in variables]
+    assert [b.device for b in buffers] == [v.value.device for v in variables]
+    assert {b.device.rsplit(":", 1)[-1] for b in buffers} == {"0", "1"}

@@ -16,5 +16,6 @@ shard a variable on its own device, each shard's computation on that device. Use
 
 Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
 `layers` (`ShardedDense`, `ShardedMultiHeadAttention`, `ShardedConv2D`), `split` (the split model, weights in and out,
-devices, the Trainer's checks).
+devices, the Trainer's checks), `steps` (the step functions: one split replica per
+worker, data parallel across workers).
 """

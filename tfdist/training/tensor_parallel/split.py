@@ -201,6 +201,45 @@ def compile_like(split, model):
     split.compile(**dict(config.config))
 
 
+def check_one_replica_per_worker(strategy, tensor_parallel):
+    """Refuses a strategy that is not the default one or `MultiWorkerMirroredStrategy`
+    with one device per worker, saying why and the way out.
+
+    The shards are plain variables on K devices of this worker; data
+    parallelism combines copies of the split model across workers only
+    (`tfdist.training.tensor_parallel.steps`).
+
+    Example:
+
+    >>> check_one_replica_per_worker(tf.distribute.get_strategy(), 2)
+    """
+    from tfdist.distribute.introspection import num_workers  # pylint: disable=import-outside-toplevel
+
+    k = tensor_parallel
+    name = type(strategy).__name__
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ValueError(
+            f"tensor_parallel={k} is not supported under ParameterServerStrategy (variables "
+            "on parameter servers, asynchronous steps). Use the default strategy on one "
+            "worker, or MultiWorkerMirroredStrategy with one device per worker.")
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if multi_worker:
+        if strategy.num_replicas_in_sync == num_workers(strategy):
+            return
+    elif strategy.num_replicas_in_sync == 1 and not isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.OneDeviceStrategy)):
+        return  # the default strategy
+    raise ValueError(
+        f"tensor_parallel={k} needs the default strategy (one worker) or "
+        f"MultiWorkerMirroredStrategy with one device per worker (data parallelism across "
+        f"workers, each holding one split copy), got {name} with "
+        f"{strategy.num_replicas_in_sync} replica(s). A {name} runs each replica under one "
+        "device and mirrors every variable over exactly its replica devices, so no replica "
+        "can hold shards on other devices. Create the model outside any strategy scope and "
+        "pass no strategy, or use MultiWorkerMirroredStrategy with one device per worker "
+        "(create_strategy('multi_worker_mirrored', devices=1)).")
+
+
 def check_tensor_parallel_arguments(tensor_parallel, layout_map):
     """Validates `tensor_parallel` and `layout_map`; returns `tensor_parallel` as an int.
 
@@ -242,7 +281,8 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
     Raises:
         ValueError: the model's own train/test/predict step or compute_loss
             (the split copy is a plain Functional model without them),
-            model_parallel > 1, a strategy other than the default one, XLA,
+            model_parallel > 1, a strategy other than the default one or
+            MultiWorkerMirroredStrategy with one device per worker, XLA,
             an unbuilt model, or an optimizer that is already built. Mixed
             precision (`mixed_bfloat16`, `mixed_float16` with loss scaling)
             is allowed: the split layers keep the model's dtype policy
@@ -265,16 +305,7 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         raise ValueError(
             f"tensor_parallel={k} with model_parallel={model_parallel} (stages that are "
             "themselves split) is not supported yet. Use one of them.")
-    if strategy.num_replicas_in_sync > 1 or isinstance(
-            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
-                       tf.distribute.experimental.ParameterServerStrategy,
-                       tf.distribute.OneDeviceStrategy)):
-        raise ValueError(
-            f"tensor_parallel={k} runs under the default strategy on one worker so far, got "
-            f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s): "
-            "data parallelism on top of the split (across workers or devices) is not "
-            "supported yet. Create the model outside any strategy scope and pass no "
-            "strategy.")
+    check_one_replica_per_worker(strategy, k)
     if jit_compile:
         raise ValueError(
             f"jit_compile=True is not supported with tensor_parallel={k} yet: XLA compiles "

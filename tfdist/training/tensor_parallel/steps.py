@@ -1,0 +1,108 @@
+"""The train / test / predict steps of a tensor-parallel model: one replica per worker.
+
+A tensor-parallel model's shards are plain variables on this worker's K
+devices, so no `tf.distribute` strategy can mirror them: `MirroredStrategy`
+runs each replica under one device and mirrors every variable over exactly
+its replica devices. The replica computation (forward, loss, backward, each
+shard on its device) therefore runs on this worker outside the strategy,
+and the strategy is used only for what crosses workers:
+`MultiWorkerMirroredStrategy` with one device per worker sums the
+gradients and loss statistics of all workers in one all-reduce per step
+(`strategy.run` of a `ReplicaContext.all_reduce`), reads the metrics in one
+more, and gathers predictions. Everything else is `StepFunctions`, unchanged:
+the same loss statistics, division by the global count, global-norm
+clipping, accumulation and optimizer step, so 2 workers x K shards compute
+what one device computes on the global batch. With the default strategy
+(one worker) nothing crosses and the sums are the identity.
+
+Gradient-accumulation buffers sit beside their variables, each shard's on
+its device.
+
+Example:
+
+    steps = WorkerReplicaStepFunctions(split, split.optimizer, loss, strategy,
+                                       jit_compile=False, grad_accum_steps=1, clip_norm=None)
+    ran, logs = steps.train_function(iter(dist_dataset), tf.constant(10))
+"""
+
+import tensorflow as tf
+
+from tfdist.distribute.introspection import num_workers
+from tfdist.training.accumulate import GradientAccumulator
+from tfdist.training.inputs import unpack
+from tfdist.training.model_parallel.placement import outside_strategy_scopes, plain_variables
+from tfdist.training.step import StepFunctions
+
+
+class WorkerReplicaStepFunctions(StepFunctions):
+    """`StepFunctions` for one replica per worker whose variables are plain
+    variables on this worker's devices (a tensor-parallel split copy).
+
+    Takes `StepFunctions`' arguments; `strategy` is the default strategy or
+    a `MultiWorkerMirroredStrategy` with one device per worker.
+
+    Example:
+
+    >>> steps = WorkerReplicaStepFunctions(split, split.optimizer, loss, strategy,
+    ...                                    jit_compile=False, grad_accum_steps=2, clip_norm=1.0)
+    >>> ran, logs = steps.train_function(iter(dist_dataset), tf.constant(4))
+    """
+
+    def __init__(self, model, optimizer, loss, strategy, **settings):
+        self.workers = num_workers(strategy)
+        super().__init__(model, optimizer, loss, strategy, **settings)
+
+    def _make_accumulator(self):
+        with outside_strategy_scopes(), plain_variables():
+            self.accumulator = GradientAccumulator(self.model.trainable_variables,
+                                                   self.loss_stats.size, on_variable_devices=True)
+            self.micro_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                          name="micro_step")
+
+    def _local(self, data):
+        """This worker's tensors of a (distributed) batch."""
+        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
+                                     data)
+
+    def _run_replicas(self, replica_fn, args=()):
+        # This worker's one replica, here, on its own devices.
+        return replica_fn(*[self._local(arg) for arg in args])
+
+    def _sum_over_replicas(self, values):
+        if self.workers == 1:
+            return values
+        flat = tf.nest.flatten(values)
+
+        def replica(*tensors):
+            # Under the replica's device, so that the collective knows where it runs.
+            tensors = [tf.identity(tensor) for tensor in tensors]
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                   tensors)
+
+        reduced = self.strategy.run(replica, args=tuple(flat))
+        return tf.nest.pack_sequence_as(
+            values, [self.strategy.experimental_local_results(v)[0] for v in reduced])
+
+    def _train_loop(self, iterator, num_steps):
+        with outside_strategy_scopes():
+            return super()._train_loop(iterator, num_steps)
+
+    def _test_loop(self, iterator, num_steps):
+        with outside_strategy_scopes():
+            return super()._test_loop(iterator, num_steps)
+
+    def _predict_batch(self, data):
+        with outside_strategy_scopes():
+            x, _, _ = unpack(self._local(data), need_targets=False)
+            outputs = self._compute_predictions(x)
+        if self.workers == 1:
+            return outputs
+
+        def gather(value):
+            context = tf.distribute.get_replica_context()
+            return tf.nest.map_structure(lambda t: context.all_gather(tf.identity(t), axis=0),
+                                         value)
+
+        gathered = self.strategy.run(gather, args=(outputs,))
+        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
+                                     gathered)
