@@ -130,21 +130,31 @@ def test_the_split_copy_keeps_the_resnet_weight_decay_exclusions():
     assert not np.allclose(unprepared["stem_bn/gamma"], one["stem_bn/gamma"], atol=1e-4)
 
 
-def test_a_cluster_is_refused_before_tensorflow(monkeypatch):
+def test_in_a_cluster_auto_gives_one_split_replica_per_worker(monkeypatch):
     import json
 
+    from tfdist.recipes.tensor_parallel_flags import tensor_parallel_strategy
+
+    def resolved(*flags):
+        config = parse_config(["--tensor-parallel", "2", *flags],
+                              transformer.RECIPE.all_options(), prog="transformer")
+        check_before_tensorflow(transformer.RECIPE, config)
+        return tensor_parallel_strategy(config)
+
+    assert resolved() == ("default", None)
+    assert resolved("--strategy", "multi_worker_mirrored") == ("multi_worker_mirrored", 1)
+    assert resolved("--cluster-resolver", "slurm") == ("multi_worker_mirrored", 1)
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"worker": ["localhost:1", "localhost:2"]},
         "task": {"type": "worker", "index": 0}}))
-    config = parse_config(["--tensor-parallel", "2"], transformer.RECIPE.all_options(),
-                          prog="transformer")
-    with pytest.raises(ConfigError, match="TF_CONFIG names a cluster of 2 tasks: data "
-                                          "parallelism across workers"):
-        check_before_tensorflow(transformer.RECIPE, config)
-    config = parse_config(["--tensor-parallel", "2", "--cluster-resolver", "slurm"],
-                          transformer.RECIPE.all_options(), prog="transformer")
-    with pytest.raises(ConfigError, match="--cluster-resolver slurm: data parallelism"):
-        check_before_tensorflow(transformer.RECIPE, config)
+    assert resolved() == ("multi_worker_mirrored", 1)
+    assert resolved("--strategy", "default") == ("default", None)  # ignores TF_CONFIG
+    for strategy in ("mirrored", "one_device", "parameter_server"):
+        config = parse_config(["--tensor-parallel", "2", "--strategy", strategy],
+                              transformer.RECIPE.all_options(), prog="transformer")
+        with pytest.raises(ConfigError, match=f"--tensor-parallel 2 with --strategy {strategy}: "
+                                              "each worker holds one replica split"):
+            check_before_tensorflow(transformer.RECIPE, config)
 
 
 def test_bytes_per_device_counts_each_shard_and_its_slots_where_they_live():
@@ -189,3 +199,29 @@ def test_resuming_a_backup_of_another_degree_is_refused_naming_both():
         check_resume_degree(argparse.Namespace(tensor_parallel=2), {"options": {}}, "b/ckpt-6")
     check_resume_degree(argparse.Namespace(tensor_parallel=2), written_split, "b/ckpt-6")
     check_resume_degree(argparse.Namespace(tensor_parallel=2), None, "b/ckpt-6")  # unknown
+
+
+@pytest.mark.multiworker
+def test_two_workers_of_two_shards_train_as_two_workers_without_the_split(tmp_path):
+    """`--strategy auto` under the launcher's TF_CONFIG: one split replica per worker
+    (multi_worker_mirrored, one device each, 2 shard devices beside it), with the
+    figures of the same 2 workers without the split."""
+    import csv
+
+    from helpers.mw import launch
+
+    flags = [*SHORT[:SHORT.index("--verbose")], "--dropout", "0", "--autotune", "off",
+             "--verbose", "2"]
+    logs = {}
+    for k in (2, 1):
+        model_dir = tmp_path / f"tp{k}"
+        result = launch(["-m", "tfdist.recipes.transformer", *flags, "--tensor-parallel", str(k),
+                         "--model-dir", str(model_dir)], workers=2, timeout=240)
+        assert result.returncode == 0, result.stdout[-4000:]
+        assert "multi_worker_mirrored: 2 replica(s) on 2 worker(s)" in result.stdout
+        assert ("(6 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
+        with open(model_dir / "training_log.csv") as stream:
+            logs[k] = list(csv.DictReader(stream))
+    for split, whole in zip(logs[2], logs[1], strict=True):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            assert float(split[key]) == pytest.approx(float(whole[key]), rel=1e-5), key

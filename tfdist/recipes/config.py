@@ -203,7 +203,8 @@ COMMON_OPTIONS = [
            "Split the model's large layers themselves over K devices of this worker (K GPUs, or "
            "the CPU split into K logical devices) by the recipe's layout: the transformer's "
            "attention by heads and MLP by channels, the ResNet's last-stage convolutions by "
-           "output channels; one replica (float32 or mixed, accumulation allowed), no XLA so far.",
+           "output channels; one replica per worker: data parallelism then runs across workers "
+           "(float32 or mixed, accumulation allowed), no XLA so far.",
            minimum=1, normalize=lambda count: check_device_count(count, "--tensor-parallel")),
     Option("micro_batches", int, None,
            "Micro-batches per step with --model-parallel K > 1 (GPipe; default 2K).", minimum=1),

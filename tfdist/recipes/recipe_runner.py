@@ -417,7 +417,7 @@ def _train(recipe, config, where):
     from tfdist.training import Trainer
 
     devices = prepare_model_parallel_devices(config, gpus)  # K stage devices exist first
-    strategy_name = prepare_tensor_parallel_devices(config, gpus)  # K shard devices too
+    strategy_name, devices = prepare_tensor_parallel_devices(config, gpus, devices)  # shards too
     strategy = create_strategy(strategy_name, devices=devices, all_reduce=config.all_reduce,
                                cluster_resolver=config.cluster_resolver)
     info = describe_strategy(strategy)

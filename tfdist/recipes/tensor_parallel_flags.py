@@ -8,9 +8,11 @@ own (`Recipe.layout_map`: the transformer recipe uses
 `tfdist.models.decoder_lm_layout_map`, the cnn recipe
 `tfdist.models.resnet_layout_map`). What the split does not support yet is
 refused from the flags, before TensorFlow starts, naming the flag and the
-way out: another strategy than `auto`/`default` (data parallelism on top),
-`--devices`, `--model-parallel`, `--xla on`. `--strategy auto` resolves to
-`default`, `--precision auto` to float32 (an explicit `--precision bf16` /
+way out: another strategy than `auto`, `default` or `multi_worker_mirrored`,
+`--devices`, `--model-parallel`, `--xla on`. Data parallelism combines split
+copies across workers: `--strategy multi_worker_mirrored` (or `auto` in a
+cluster) gets one replica per worker; on one machine `--strategy auto`
+resolves to `default`. `--precision auto` resolves to float32 (an explicit `--precision bf16` /
 `fp16` runs mixed, `--grad-accum-steps` accumulates) and `--xla auto` to off.
 
 Example:
@@ -22,8 +24,9 @@ Example:
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import provide_worker_devices
 
-TENSOR_PARALLEL_STRATEGIES = ("auto", "default")
-"""The `--strategy` values `--tensor-parallel K > 1` runs under (auto resolves to default)."""
+TENSOR_PARALLEL_STRATEGIES = ("auto", "default", "multi_worker_mirrored")
+"""The `--strategy` values `--tensor-parallel K > 1` runs under (auto resolves to default on
+one machine, to multi_worker_mirrored with one device per worker in a cluster)."""
 
 
 def check_tensor_parallel_flags(recipe, config):
@@ -57,11 +60,12 @@ def check_tensor_parallel_flags(recipe, config):
             "stages that are themselves split) is not supported yet. Use one of them.")
     if config.strategy not in TENSOR_PARALLEL_STRATEGIES:
         raise ConfigError(
-            f"--tensor-parallel {k} with --strategy {config.strategy}: the split model runs "
-            "as one replica on this worker's devices, under the default strategy; data "
-            "parallelism on top (across devices or workers) is not supported yet. Use "
-            "--strategy auto (or default), or --tensor-parallel 1.")
-    _check_no_cluster(config, k)
+            f"--tensor-parallel {k} with --strategy {config.strategy}: each worker holds one "
+            f"replica split over {k} of its devices, and TensorFlow's {config.strategy} "
+            "strategy cannot give a replica more than one device (or keeps the variables on "
+            "parameter servers). Use --strategy auto (default on one machine, "
+            "multi_worker_mirrored with one device per worker in a cluster), default or "
+            "multi_worker_mirrored, or --tensor-parallel 1.")
     if config.devices is not None and config.devices > 1:
         raise ConfigError(
             f"--devices {config.devices} asks for {config.devices} replicas, but with "
@@ -73,24 +77,15 @@ def check_tensor_parallel_flags(recipe, config):
             "function for one device, and each shard runs on its own. Use --xla off or auto.")
 
 
-def _check_no_cluster(config, k):
-    """Refuses `--strategy auto` when it would find a cluster (TF_CONFIG of several tasks, or
-    `--cluster-resolver slurm`): the split runs on one worker only so far."""
-    if config.strategy != "auto":
-        return
+def _finds_cluster(config):
+    """Whether `--strategy auto` finds a cluster: a TF_CONFIG of several tasks, or
+    `--cluster-resolver slurm`."""
+    if config.cluster_resolver != "tf_config":
+        return True
     from tfdist.distribute.tf_config import parse_tf_config
 
-    cluster = parse_tf_config() if config.cluster_resolver == "tf_config" else None
-    tasks = sum(len(addresses) for addresses in cluster.cluster.values()) if cluster else 1
-    if config.cluster_resolver != "tf_config" or tasks > 1:
-        where = (f"--cluster-resolver {config.cluster_resolver}"
-                 if config.cluster_resolver != "tf_config"
-                 else f"TF_CONFIG names a cluster of {tasks} tasks")
-        raise ConfigError(
-            f"--tensor-parallel {k} runs on one worker so far, but {where}: data "
-            "parallelism across workers on top of the split is not supported yet. Run one "
-            "worker without TF_CONFIG (or with --strategy default, which ignores it), or "
-            "--tensor-parallel 1.")
+    cluster = parse_tf_config()
+    return bool(cluster) and sum(len(addresses) for addresses in cluster.cluster.values()) > 1
 
 
 def check_resume_degree(config, reference, backup):
@@ -160,26 +155,45 @@ def precision_under_tensor_parallel(config, precision):
                                       "float32 under auto (ask for --precision bf16 or fp16)")
 
 
-def prepare_tensor_parallel_devices(config, gpus):
-    """Makes the K shard devices exist (before TensorFlow initialises) and returns the
-    strategy name to create: `default` with K > 1, else `config.strategy`.
+def prepare_tensor_parallel_devices(config, gpus, devices):
+    """Makes the K shard devices exist (before TensorFlow initialises) and returns
+    `(strategy name, devices)` to create the strategy with.
 
-    Without GPUs the CPU is split into K logical devices.
+    With K > 1: `("default", None)` on one worker, `("multi_worker_mirrored",
+    1)` (one replica per worker, its K shard devices beside it) for `--strategy
+    multi_worker_mirrored` or for `auto` in a cluster (TF_CONFIG of several
+    tasks, SLURM). Without GPUs the CPU is split into K logical devices. With
+    K = 1, `config.strategy` and `devices` unchanged.
 
     Raises:
         ValueError: fewer than K GPUs visible.
 
     Example:
 
-    >>> prepare_tensor_parallel_devices(argparse.Namespace(tensor_parallel=2,
-    ...                                                    strategy="auto"), gpus=0)
-    'default'
+    >>> prepare_tensor_parallel_devices(argparse.Namespace(tensor_parallel=2, strategy="auto",
+    ...                                                    cluster_resolver="tf_config"),
+    ...                                 gpus=0, devices=None)
+    ('default', None)
     """
     k = getattr(config, "tensor_parallel", 1)
     if k == 1:
-        return config.strategy
+        return config.strategy, devices
     provide_worker_devices("--tensor-parallel", k, gpus, "shard")
-    return "default"
+    return tensor_parallel_strategy(config)
+
+
+def tensor_parallel_strategy(config):
+    """`(strategy name, devices)` for `--tensor-parallel K > 1`: one replica per worker.
+
+    Example:
+
+    >>> tensor_parallel_strategy(argparse.Namespace(strategy="auto", cluster_resolver="slurm"))
+    ('multi_worker_mirrored', 1)
+    """
+    if config.strategy == "multi_worker_mirrored" or (
+            config.strategy == "auto" and _finds_cluster(config)):
+        return "multi_worker_mirrored", 1
+    return "default", None
 
 
 def trainer_arguments(recipe, config):
