@@ -225,3 +225,46 @@ def test_two_workers_of_two_shards_train_as_two_workers_without_the_split(tmp_pa
     for split, whole in zip(logs[2], logs[1], strict=True):
         for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
             assert float(split[key]) == pytest.approx(float(whole[key]), rel=1e-5), key
+
+
+def test_the_bench_formula_and_trace_reading():
+    from tfdist.bench.tensor_parallel_bench import all_reduce_volume, communication_activity
+
+    # tiny: 2 blocks, d 128; batch 32 x 64 tokens, 2 shards, float32.
+    volume = all_reduce_volume(2, 32, 64, 128, 2)
+    assert volume["all_reduces"] == 8 and volume["values_each"] == 32 * 64 * 128
+    assert volume["all_reduce_bytes"] == 8 * 32 * 64 * 128 * 4
+    assert volume["moved_bytes"] == 2 * volume["all_reduce_bytes"]
+    assert all_reduce_volume(2, 32, 64, 128, 4)["moved_bytes"] == 6 * volume["all_reduce_bytes"]
+    lines = {"tf_Compute/1": [("block_0/ffn_in/MatMul", 0, 6), ("x/_12:_Send", 6, 1),
+                              ("block_0/ffn_out/AddN", 7, 1)],
+             "tf_Compute/2": [("x/_13:_Recv", 0, 2)],
+             "python": [("fit", 0, 100)]}
+    assert communication_activity(lines) == {"sends": 1, "share": 4 / 10}
+    assert communication_activity({"python": [("fit", 0, 1)]}) is None
+
+
+def test_the_bench_subcommand_runs_quick_and_reports_both_settings(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers.paths import REPO_ROOT
+
+    out = tmp_path / "tp.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdist", "bench", "tensor-parallel", "--quick",
+         "--json-out", str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "one device" in result.stdout and "split over 2 devices" in result.stdout
+    assert "all-reduces (4 per block)" in result.stdout
+    report = json.loads(out.read_text())
+    one, split = report["rows"]
+    assert (one["K"], split["K"]) == (1, 2)
+    assert one["sends"] == 0 < split["sends"]  # one device sends nothing between devices
+    assert 0 < split["communication share"] < 1
+    assert all(row["examples/s"] > 0 for row in report["rows"])
+    assert report["volume"]["all_reduces"] == 4 * report["settings"]["num_layers"]

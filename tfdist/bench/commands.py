@@ -5,6 +5,7 @@
     tfdist bench point ...        (one sweep point; run by `report`)
     tfdist bench parameter-server [--size tiny] [--batch 64] [--workers 2] [--ps 1] ...
     tfdist bench model-parallel [--size tiny] [--batch 32] [--micro-batches 4] [--steps N] ...
+    tfdist bench tensor-parallel [--size tiny] [--batch 32] [--shards 2] [--steps N] ...
     tfdist bench resume [--position 5000] [--sources shapes,text,...] ...
 
 TensorFlow is imported through `tfdist.runtime.tf_logging.import_tensorflow` once
@@ -23,8 +24,8 @@ from tfdist.bench.workloads import MODELS
 from tfdist.runtime.quick_exit import skip_exit_garbage_collection
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 
-SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel", "autotune",
-               "resume")
+SUBCOMMANDS = ("report", "engine", "point", "parameter-server", "model-parallel",
+               "tensor-parallel", "autotune", "resume")
 
 
 def _csv(allowed, name):
@@ -271,8 +272,8 @@ def run_engine_command(argv):
 
 
 def main(argv=None):
-    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|autotune|
-    resume] ARGS`; returns the exit code.
+    """Dispatches `tfdist bench [report|engine|point|parameter-server|model-parallel|
+    tensor-parallel|autotune|resume] ARGS`; returns the exit code.
 
     TensorFlow is imported quietly (`tfdist.runtime.tf_logging.import_tensorflow`)
     as soon as the flags are read, before any work; `--tf-log-level N`
@@ -315,6 +316,9 @@ def main(argv=None):
         if command == "model-parallel":
             from tfdist.bench.pipeline_bench import main as model_parallel_main
             return model_parallel_main(argv)
+        if command == "tensor-parallel":
+            from tfdist.bench.tensor_parallel_bench import main as tensor_parallel_main
+            return tensor_parallel_main(argv)
         if command == "resume":
             from tfdist.bench.resume_bench import main as resume_main
             return resume_main(argv)

@@ -186,7 +186,14 @@ def _make_trainer(size, num_layers, sequence_length, vocab_size, model_parallel,
     return Trainer(model, model_parallel=model_parallel, micro_batches=micro_batches)
 
 
-def _dataset(batch, sequence_length, vocab_size, seed):
+def token_dataset(batch, sequence_length, vocab_size, seed):
+    """Endless batches of random next-token pairs `(tokens, tokens shifted by one)`.
+
+    Example:
+
+    >>> next(iter(token_dataset(8, 16, 64, seed=0)))[0].shape
+    TensorShape([8, 16])
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -249,7 +256,7 @@ def run_model_parallel_bench(size="tiny", batch=32, micro_batches=4, steps=10, r
     contenders = []
     for label, k, m in settings(micro_batches):
         trainer = _make_trainer(size, num_layers, sequence_length, vocab_size, k, m, seed)
-        data = _dataset(batch, sequence_length, vocab_size, seed)
+        data = token_dataset(batch, sequence_length, vocab_size, seed)
         trainer.fit(data, epochs=1, steps_per_epoch=warmup_steps, verbose=0)  # traces, builds
         iterator = iter(trainer.strategy.experimental_distribute_dataset(data))
         trainer.step_functions.train_function(iterator, tf.constant(1, tf.int32))
