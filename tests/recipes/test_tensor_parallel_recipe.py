@@ -201,30 +201,63 @@ def test_resuming_a_backup_of_another_degree_is_refused_naming_both():
     check_resume_degree(argparse.Namespace(tensor_parallel=2), None, "b/ckpt-6")  # unknown
 
 
+@pytest.mark.slow
 @pytest.mark.multiworker
-def test_two_workers_of_two_shards_train_as_two_workers_without_the_split(tmp_path):
+def test_two_workers_of_two_shards_train_like_the_whole_model_and_resume_exactly(tmp_path):
     """`--strategy auto` under the launcher's TF_CONFIG: one split replica per worker
     (multi_worker_mirrored, one device each, 2 shard devices beside it), with the
-    figures of the same 2 workers without the split."""
+    figures of the same 2 workers without the split; a SIGTERM to the launcher
+    mid-epoch stops both workers after a backup, and the rerun ends with the
+    uninterrupted run's weights to the bit (--deterministic: the shards share the
+    CPU's thread pool, whose split of a matmul otherwise varies by 1e-8)."""
     import csv
+    import os
+    import signal
+    import subprocess
+    import sys
 
+    from helpers.compare import assert_same_final_checkpoint
     from helpers.mw import launch
+    from helpers.paths import REPO_ROOT
+    from helpers.processes import finish, newest_backup, wait_for_backup
 
-    flags = [*SHORT[:SHORT.index("--verbose")], "--dropout", "0", "--autotune", "off",
-             "--verbose", "2"]
+    flags = ["--optimizer", "sgd", "--precision", "float32", "--xla", "off", "--epochs", "1",
+             "--steps-per-epoch", "60", "--validation-steps", "1", "--warmup-steps", "2",
+             "--global-batch-size", "16", "--dropout", "0", "--autotune", "off",
+             "--backup-every", "10", "--deterministic", "--verbose", "2"]
+
+    def recipe(k, model_dir):
+        return ["-m", "tfdist.recipes.transformer", *flags, "--tensor-parallel", str(k),
+                "--model-dir", str(model_dir)]
+
     logs = {}
     for k in (2, 1):
-        model_dir = tmp_path / f"tp{k}"
-        result = launch(["-m", "tfdist.recipes.transformer", *flags, "--tensor-parallel", str(k),
-                         "--model-dir", str(model_dir)], workers=2, timeout=240)
+        result = launch(recipe(k, tmp_path / f"tp{k}"), workers=2, timeout=240)
         assert result.returncode == 0, result.stdout[-4000:]
         assert "multi_worker_mirrored: 2 replica(s) on 2 worker(s)" in result.stdout
         assert ("(6 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
-        with open(model_dir / "training_log.csv") as stream:
+        with open(tmp_path / f"tp{k}" / "training_log.csv") as stream:
             logs[k] = list(csv.DictReader(stream))
     for split, whole in zip(logs[2], logs[1], strict=True):
         for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
             assert float(split[key]) == pytest.approx(float(whole[key]), rel=1e-5), key
+
+    stopped = tmp_path / "stopped"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+    env.pop("TF_CONFIG", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--timeout", "240", "--",
+         sys.executable, *recipe(2, stopped)], cwd=REPO_ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_backup(launcher, stopped, after=1)  # step 20 of 60
+    launcher.send_signal(signal.SIGTERM)
+    code, out = finish(launcher, timeout=120)
+    assert code == 143 and newest_backup(stopped) < 7, out[-3000:]  # not at the epoch end
+    result = launch(recipe(2, stopped), workers=2, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    resumed = re.search(r"resuming from \S+ at epoch 0 step (\d+) ", result.stdout)
+    assert resumed and 20 <= int(resumed.group(1)) < 60, result.stdout[-4000:]
+    assert_same_final_checkpoint(tmp_path / "tp2", stopped)
 
 
 def test_the_bench_formula_and_trace_reading():
