@@ -29,8 +29,9 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam import direct_sublayers, model_compile_config
-from tfdist.training.tensor_parallel.layers import (FILTERS, HEADS, ShardedConv2D, ShardedDense,
-                                                    ShardedMultiHeadAttention)
+from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, ShardedConv2D,
+                                                    ShardedDense, ShardedMultiHeadAttention)
+from tfdist.training.tensor_parallel.vocab_loss import vocab_parallel_loss_of
 from tfdist.runtime.argtypes import check_int_at_least
 
 
@@ -198,7 +199,30 @@ def compile_like(split, model):
     if config is None:
         raise ValueError(f"The model {model.name!r} is not compiled; compile it (or give the "
                          "Trainer optimizer= and loss=) before splitting it.")
-    split.compile(**dict(config.config))
+    arguments = dict(config.config)
+    if output_split_by_vocabulary(split):
+        # The loss reads the logits shard by shard instead of gathering them.
+        arguments["loss"] = vocab_parallel_loss_of(arguments.get("loss")) or arguments.get("loss")
+    split.compile(**arguments)
+
+
+def output_split_by_vocabulary(split):
+    """Whether the split model's output is a column-parallel Dense's (the logits split by
+    vocabulary), directly or through a linear `Activation` (a float32 `logits` layer).
+
+    Example:
+
+    >>> output_split_by_vocabulary(split_model(lm, plan_with_lm_head))
+    True
+    """
+    layers = list(split.layers)
+    if len(split.outputs) != 1 or not layers:
+        return False
+    last = layers[-1]
+    if (isinstance(last, keras.layers.Activation) and len(layers) > 1
+            and keras.activations.serialize(last.activation) in ("linear", {"linear"})):
+        last = layers[-2]
+    return isinstance(last, ShardedDense) and last.style == COLUMN
 
 
 def check_one_replica_per_worker(strategy, tensor_parallel):

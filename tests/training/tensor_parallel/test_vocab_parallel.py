@@ -1,0 +1,112 @@
+"""The output projection split by vocabulary, and a cross-entropy that reads its logits shard by
+shard (`tfdist.training.tensor_parallel.vocab_loss`), on the session's 2 logical CPUs."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist.models import MaskedSparseCategoricalCrossentropy, decoder_lm_layout_map
+from tfdist.training import Trainer
+from tfdist.training.tensor_parallel.layers import _SHARDS, ShardedDense
+from tfdist.training.tensor_parallel.layout import plan_shards
+from tfdist.training.tensor_parallel.split import shard_devices, split_model
+from tfdist.training.tensor_parallel.vocab_loss import VocabParallelCrossEntropy
+from helpers.workers import model_parallel_common as common
+
+VOCAB = common.VOCAB
+
+
+def vocabulary_layout():
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    layout_map = decoder_lm_layout_map(mesh)
+    layout_map["lm_head/kernel"] = (None, "model")
+    layout_map["lm_head/bias"] = ("model",)
+    return layout_map
+
+
+@pytest.mark.parametrize("loss", [
+    MaskedSparseCategoricalCrossentropy(),
+    MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, jit_compile=False),
+    keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+], ids=["masked", "masked-smoothed", "keras", "keras-ignore-class"])
+def test_the_loss_from_vocabulary_slices_equals_the_loss_of_the_whole_logits(loss):
+    rng = np.random.default_rng(0)
+    logits = tf.constant(3 * rng.normal(size=(4, 5, VOCAB)), tf.float32)
+    labels = tf.constant(rng.integers(0, VOCAB, size=(4, 5)), tf.int32)  # some are pads (0)
+    parallel = VocabParallelCrossEntropy(loss)
+
+    @tf.function
+    def both(logits):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(logits)
+            with tf.device("/cpu:0"):
+                low = tf.identity(logits[..., :VOCAB // 2])
+            with tf.device("/cpu:1"):
+                high = tf.identity(logits[..., VOCAB // 2:])
+            with tf.device("/cpu:0"):
+                whole = tf.concat([low, high], axis=-1)
+            setattr(whole, _SHARDS, (low, high))
+            ours, theirs = parallel(labels, whole), loss(labels, whole)
+        return ours, theirs, tape.gradient(ours, logits), tape.gradient(theirs, logits)
+
+    ours, theirs, our_gradient, their_gradient = both(logits)
+    assert float(theirs) > 0
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    np.testing.assert_allclose(our_gradient, their_gradient, rtol=1e-5, atol=1e-7)
+
+
+def test_an_lm_split_by_vocabulary_trains_like_one_device_and_its_loss_never_gathers():
+    tokens, targets = common.token_arrays(n=24)
+    data = common.dataset((tokens, targets), 8)
+    one_model = common.transformer(tf.distribute.get_strategy())
+    one = Trainer(one_model).fit(data, epochs=1, verbose=0).history
+    two_model = common.transformer(tf.distribute.get_strategy())
+    trainer = Trainer(two_model, tensor_parallel=2, layout_map=vocabulary_layout())
+    two = trainer.fit(data, epochs=1, verbose=0).history
+    head = trainer.model.get_layer("lm_head")
+    assert isinstance(head, ShardedDense) and head.style == "column"
+    assert [k.shape for k in head.kernels] == [(32, VOCAB // 2)] * 2
+    assert isinstance(trainer.model.loss, VocabParallelCrossEntropy)
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-5, err_msg=name)
+    for a, b in zip(two_model.get_weights(), one_model.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    # What the loss (and its gradient) reads: the slices, never the gathered logits.
+    split = trainer.model
+
+    def ancestors(tensor):
+        seen, todo = set(), [tensor.op]
+        while todo:
+            op = todo.pop()
+            if op.name not in seen:
+                seen.add(op.name)
+                todo += [t.op for t in op.inputs] + list(op.control_inputs)
+        return seen
+
+    @tf.function
+    def reads(x, y, loss):
+        logits = split(x)
+        with tf.GradientTape() as tape:
+            value = loss(y, split(x))
+        grads = tape.gradient(value, split.trainable_variables)
+        read = ancestors(value) | set().union(*(ancestors(g) for g in grads if g is not None))
+        return logits.op.name in read or any("lm_head" in name and "concat" in name.lower()
+                                              for name in read)
+
+    x, y = tokens[:8], targets[:8]
+    assert not reads(x, y, split.loss)
+    assert reads(x, y, split.loss.wrapped)  # the plain loss reads the gathered logits
+
+
+def test_a_loss_it_cannot_read_by_slices_is_left_as_compiled():
+    model = common.transformer(tf.distribute.get_strategy())
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    plan = plan_shards(model, vocabulary_layout(), 2).with_devices(shard_devices(2))
+    from tfdist.training.tensor_parallel.split import compile_like
+
+    split = split_model(model, plan)
+    compile_like(split, model)
+    assert not isinstance(split.loss, VocabParallelCrossEntropy)
