@@ -17,12 +17,16 @@ from helpers.workers import model_parallel_common as common
 VOCAB = common.VOCAB
 
 
-def vocabulary_layout():
+def vocabulary_layout(vocab_size=None):
     mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
-    layout_map = decoder_lm_layout_map(mesh)
-    layout_map["lm_head/kernel"] = (None, "model")
-    layout_map["lm_head/bias"] = ("model",)
-    return layout_map
+    return decoder_lm_layout_map(mesh, vocab_size=vocab_size)
+
+
+def test_the_shipped_layout_splits_the_output_projection_when_the_vocabulary_divides():
+    assert vocabulary_layout()["lm_head/kernel"].axes == (None, "model")
+    assert vocabulary_layout(24)["lm_head/bias"].axes == ("model",)
+    assert vocabulary_layout(25)["lm_head/kernel"] is None  # 25 words on 2 devices: replicated
+    assert vocabulary_layout(25)["block_0/ffn_in/kernel"].axes == (None, "model")
 
 
 @pytest.mark.parametrize("loss", [
@@ -110,3 +114,32 @@ def test_a_loss_it_cannot_read_by_slices_is_left_as_compiled():
     split = split_model(model, plan)
     compile_like(split, model)
     assert not isinstance(split.loss, VocabParallelCrossEntropy)
+
+
+def test_under_mixed_bfloat16_the_float32_logits_keep_their_slices(mixed_bfloat16):
+    from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, logit_pieces
+
+    tokens, targets = common.token_arrays(n=24)
+    data = common.dataset((tokens, targets), 8)
+    one_model = common.transformer(tf.distribute.get_strategy())
+    one = Trainer(one_model).fit(data, epochs=1, verbose=0).history
+    two_model = common.transformer(tf.distribute.get_strategy())
+    trainer = Trainer(two_model, tensor_parallel=2, layout_map=vocabulary_layout())
+    two = trainer.fit(data, epochs=1, verbose=0).history
+    np.testing.assert_allclose(two["loss"], one["loss"], rtol=0.03)  # the repo's bf16 margin
+    split = trainer.model
+    assert isinstance(split.get_layer("logits"), SliceKeepingLinear)
+
+    seen = {}
+
+    @tf.function
+    def slices(x):
+        logits = split(x)
+        pieces = logit_pieces(logits)
+        seen.update(dtype=logits.dtype, dtypes=[p.dtype for p in pieces],
+                    devices=[p.device[-5:] for p in pieces])
+        return logits
+
+    slices(tokens[:8])
+    assert seen == {"dtype": tf.float32, "dtypes": [tf.float32] * 2,
+                    "devices": ["CPU:0", "CPU:1"]}

@@ -31,7 +31,7 @@ import tensorflow as tf
 from tfdist.seam import direct_sublayers, model_compile_config
 from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, ShardedConv2D,
                                                     ShardedDense, ShardedMultiHeadAttention)
-from tfdist.training.tensor_parallel.vocab_loss import vocab_parallel_loss_of
+from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab_parallel_loss_of
 from tfdist.runtime.argtypes import check_int_at_least
 
 
@@ -97,10 +97,14 @@ def split_model(model, plan):
         if shard.parent is not None:
             inner.setdefault(shard.parent, []).append(shard)
 
+    cast_output = _linear_output_after_vocabulary_split(model, plan)
+
     def clone(layer):
         shard = plan.shard_of(layer.name)
         if shard is not None:
             return sharded_layer(layer, shard.style, plan.devices)
+        if layer.name == cast_output:
+            return SliceKeepingLinear.from_activation(layer)
         copy = layer.__class__.from_config(layer.get_config())
         for shard in inner.get(layer.name, ()):
             _replace_inner_dense(layer, copy, shard, plan.devices)
@@ -114,6 +118,21 @@ def split_model(model, plan):
         else:
             copy.set_weights(original.get_weights())
     return split
+
+
+def _linear_output_after_vocabulary_split(model, plan):
+    """The name of the model's last layer when it is a linear `Activation` (a float32
+    `logits` layer) right after a layer the plan splits by columns, else None."""
+    layers = list(model.layers)
+    if len(layers) < 2 or not _is_linear_activation(layers[-1]):
+        return None
+    shard = plan.shard_of(layers[-2].name)
+    return layers[-1].name if shard is not None and shard.style == COLUMN else None
+
+
+def _is_linear_activation(layer):
+    return (isinstance(layer, keras.layers.Activation)
+            and keras.activations.serialize(layer.activation) in ("linear", {"linear"}))
 
 
 def sharded_layer(layer, style, devices):
@@ -219,8 +238,7 @@ def output_split_by_vocabulary(split):
     if len(split.outputs) != 1 or not layers:
         return False
     last = layers[-1]
-    if (isinstance(last, keras.layers.Activation) and len(layers) > 1
-            and keras.activations.serialize(last.activation) in ("linear", {"linear"})):
+    if _is_linear_activation(last) and len(layers) > 1:
         last = layers[-2]
     return isinstance(last, ShardedDense) and last.style == COLUMN
 

@@ -99,6 +99,57 @@ def vocab_parallel_token_losses(pieces, labels, label_smoothing=0.0):
         return losses
 
 
+@keras.saving.register_keras_serializable(package="tfdist")
+class SliceKeepingLinear(keras.layers.Activation):
+    """A linear `Activation` (such as a model's float32 `logits` layer) that casts each
+    vocabulary slice on its device and keeps the slices on its output.
+
+    Under a mixed policy the column-parallel output projection computes its
+    slices in the compute dtype; a float32 `logits` layer would cast the
+    gathered logits into a new tensor without them, and the loss would read
+    the gathered logits. This layer does the same cast slice by slice.
+
+    Example:
+
+    >>> layer = SliceKeepingLinear.from_activation(model.get_layer("logits"))
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.pop("activation", None)
+        kwargs["autocast"] = False  # the cast is done here, slice by slice
+        super().__init__("linear", **kwargs)
+
+    @classmethod
+    def from_activation(cls, layer):
+        """The replacement of a linear `keras.layers.Activation` (same name, dtype policy).
+
+        Example:
+
+        >>> SliceKeepingLinear.from_activation(keras.layers.Activation("linear", name="logits"))
+        <SliceKeepingLinear name=logits, built=False>
+        """
+        return cls(name=layer.name, dtype=layer.dtype_policy, trainable=layer.trainable)
+
+    def call(self, inputs):
+        pieces = logit_pieces(inputs)
+        output = tf.cast(inputs, self.compute_dtype)
+        if pieces is not None:
+            cast = []
+            for piece in pieces:
+                with tf.device(piece.device or None):
+                    cast.append(tf.cast(piece, self.compute_dtype))
+            try:
+                setattr(output, _SHARDS, tuple(cast))
+            except AttributeError:  # an eager tensor: the loss reads the whole logits
+                pass
+        return output
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("activation", None)
+        return config
+
+
 def vocab_parallel_loss_of(loss):
     """`VocabParallelCrossEntropy(loss)` when `loss` is a cross-entropy from logits it can
     compute from vocabulary slices, else None.
