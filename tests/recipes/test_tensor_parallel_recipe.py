@@ -35,7 +35,7 @@ def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys):
     for split, one in zip(split_figures, one_figures, strict=True):
         assert split == one, (split_out, one_out)
     for text in ("tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' "
-                 "(6 layers split), shards on CPU:0, CPU:1",
+                 "(7 layers split), shards on CPU:0, CPU:1",
                  "block_1/ffn_out  row-parallel  kernel (512, 128) -> 2 x (256, 128)",
                  "block_0/attention  heads-parallel  4 heads -> 2 x 2"):
         assert text in split_out, split_out
@@ -55,7 +55,7 @@ def test_transformer_split_runs_bfloat16_with_accumulation(capsys, mixed_bfloat1
     assert transformer.main([*flags, "--precision", "bf16", "--grad-accum-steps", "2",
                              "--tensor-parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "mixed_bfloat16" in out and "(6 layers split)" in out, out
+    assert "mixed_bfloat16" in out and "(7 layers split)" in out, out
     losses = [float(figure) for figure in re.findall(r"(?<!val_)loss: ([0-9.]+)", out)]
     assert losses and all(0 < loss < 20 for loss in losses), out
 
@@ -235,7 +235,7 @@ def test_two_workers_of_two_shards_train_like_the_whole_model_and_resume_exactly
         result = launch(recipe(k, tmp_path / f"tp{k}"), workers=2, timeout=240)
         assert result.returncode == 0, result.stdout[-4000:]
         assert "multi_worker_mirrored: 2 replica(s) on 2 worker(s)" in result.stdout
-        assert ("(6 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
+        assert ("(7 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
         with open(tmp_path / f"tp{k}" / "training_log.csv") as stream:
             logs[k] = list(csv.DictReader(stream))
     for split, whole in zip(logs[2], logs[1], strict=True):
@@ -264,11 +264,13 @@ def test_the_bench_formula_and_trace_reading():
     from tfdist.bench.tensor_parallel_bench import all_reduce_volume, communication_activity
 
     # tiny: 2 blocks, d 128; batch 32 x 64 tokens, 2 shards, float32.
-    volume = all_reduce_volume(2, 32, 64, 128, 2)
+    volume = all_reduce_volume(2, 32, 64, 128, 2, vocabulary_split=False)
     assert volume["all_reduces"] == 8 and volume["values_each"] == 32 * 64 * 128
     assert volume["all_reduce_bytes"] == 8 * 32 * 64 * 128 * 4
     assert volume["moved_bytes"] == 2 * volume["all_reduce_bytes"]
-    assert all_reduce_volume(2, 32, 64, 128, 4)["moved_bytes"] == 6 * volume["all_reduce_bytes"]
+    four = all_reduce_volume(2, 32, 64, 128, 4, vocabulary_split=False)
+    assert four["moved_bytes"] == 6 * volume["all_reduce_bytes"]
+    assert all_reduce_volume(2, 32, 64, 128, 2)["all_reduces"] == 9  # + the output projection
     lines = {"tf_Compute/1": [("block_0/ffn_in/MatMul", 0, 6), ("x/_12:_Send", 6, 1),
                               ("block_0/ffn_out/AddN", 7, 1)],
              "tf_Compute/2": [("x/_13:_Recv", 0, 2)],
@@ -293,11 +295,11 @@ def test_the_bench_subcommand_runs_quick_and_reports_both_settings(tmp_path):
         stderr=subprocess.STDOUT, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "one device" in result.stdout and "split over 2 devices" in result.stdout
-    assert "all-reduces (4 per block)" in result.stdout
+    assert "all-reduces (4 per block, 1 for the output projection" in result.stdout
     report = json.loads(out.read_text())
     one, split = report["rows"]
     assert (one["K"], split["K"]) == (1, 2)
     assert one["sends"] == 0 < split["sends"]  # one device sends nothing between devices
     assert 0 < split["communication share"] < 1
     assert all(row["examples/s"] > 0 for row in report["rows"])
-    assert report["volume"]["all_reduces"] == 4 * report["settings"]["num_layers"]
+    assert report["volume"]["all_reduces"] == 4 * report["settings"]["num_layers"] + 1

@@ -4,15 +4,18 @@ Two settings of the same Transformer and global batch, in one process, in
 alternating rounds (these machines are noisy):
 
 * `K=1`: the whole model on one device (plain `Trainer`);
-* `K`: attention split by heads and the MLP by channels over K devices
-  (`Trainer(tensor_parallel=K)` with `tfdist.models.decoder_lm_layout_map`).
+* `K`: attention split by heads, the MLP by channels and the output
+  projection by vocabulary over K devices (`Trainer(tensor_parallel=K)`
+  with `tfdist.models.decoder_lm_layout_map`).
 
 For each: the median step time, examples/s and tokens/s, and for the split
 the communication it needs, two ways:
 
 * by formula (Megatron's pattern): every block sums K partial products
   twice forward (after the attention, after the MLP) and twice backward (the
-  gradients of their inputs), so a step makes `4 L` all-reduces of a
+  gradients of their inputs), and the output projection split by vocabulary
+  once backward (the gradient of its input; its loss sends only 4 numbers
+  per token and shard), so a step makes `4 L + 1` all-reduces of a
   `B x T x d` activation (`all_reduce_volume`). On one worker tfdist sums on
   the first device: each sum moves `K-1` partials there and its result back
   to the K-1 others, `2 (K-1) B T d` values.
@@ -46,22 +49,24 @@ from tfdist.bench.report import write_json
 QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
 
 
-def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes_per_value=4):
+def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes_per_value=4,
+                      vocabulary_split=True):
     """The communication of one training step of the split decoder LM, by formula.
 
     Returns:
-        `{"all_reduces": 4 L, "values_each": B T d, "all_reduce_bytes": 4 L B T d s,
-        "moved_bytes": 4 L x 2 (K-1) B T d s}`: `moved_bytes` is what tfdist's
-        sum on the first device moves between devices (the K-1 partials in,
-        the sum back out).
+        `{"all_reduces": n, "values_each": B T d, "all_reduce_bytes": n B T d s,
+        "moved_bytes": n x 2 (K-1) B T d s}` with `n = 4 L` (+ 1 when the output
+        projection is split by vocabulary): `moved_bytes` is what tfdist's sum
+        on the first device moves between devices (the K-1 partials in, the
+        sum back out).
 
     Example:
 
-    >>> all_reduce_volume(2, 32, 64, 128, 2)["moved_bytes"] / 2 ** 20
+    >>> all_reduce_volume(2, 32, 64, 128, 2, vocabulary_split=False)["moved_bytes"] / 2 ** 20
     16.0
     """
     values = batch * sequence_length * d_model
-    all_reduces = 4 * num_layers
+    all_reduces = 4 * num_layers + (1 if vocabulary_split else 0)
     return {"all_reduces": all_reduces, "values_each": values,
             "all_reduce_bytes": all_reduces * values * bytes_per_value,
             "moved_bytes": all_reduces * 2 * (shards - 1) * values * bytes_per_value}
@@ -208,8 +213,10 @@ def run_tensor_parallel_bench(size="tiny", batch=32, shards=2, steps=10, rounds=
     return {"rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(),
             "devices": [d.name for d in tf.config.list_logical_devices(device_type)],
             "versions": {"tensorflow": tf.__version__, "keras": _keras_version()},
-            "volume": all_reduce_volume(config.num_layers, batch, sequence_length,
-                                        config.d_model, shards),
+            "volume": all_reduce_volume(
+                config.num_layers, batch, sequence_length, config.d_model, shards,
+                vocabulary_split=contenders[1]["trainer"].shard_plan.shard_of("lm_head")
+                is not None),
             "settings": {"size": size, "batch": batch, "shards": shards, "steps": steps,
                          "rounds": rounds, "sequence_length": sequence_length,
                          "vocab_size": vocab_size, "num_layers": config.num_layers,
@@ -249,7 +256,8 @@ def format_report(report):
                      f"{sends:>7}{share:>13}")
     mib = 2 ** 20
     lines.append(
-        f"Per step, by formula: {volume['all_reduces']} all-reduces (4 per block) of "
+        f"Per step, by formula: {volume['all_reduces']} all-reduces (4 per block, 1 for the "
+        f"output projection split by vocabulary) of "
         f"{volume['values_each']:,} values (B x T x d) = {volume['all_reduce_bytes'] / mib:.1f} "
         f"MiB in float32; summed on the first device they move "
         f"{volume['moved_bytes'] / mib:.1f} MiB between devices.")
@@ -273,8 +281,8 @@ def parser():
     positive = int_at_least(1)
     result = argparse.ArgumentParser(
         prog="tfdist bench tensor-parallel",
-        description="Tensor parallelism: the Transformer on one device vs its attention and "
-                    "MLPs split over K devices (K GPUs, or K logical CPUs), same global batch, "
+        description="Tensor parallelism: the Transformer on one device vs its attention, "
+                    "MLPs and output projection split over K devices (K GPUs, or K logical CPUs), same global batch, "
                     "alternating rounds: step time, throughput, the all-reduce volume per step "
                     "(formula) and the transfers and communication share (profiler).")
     result.add_argument("--size", default="tiny", help="Transformer size (default tiny)")

@@ -17,8 +17,9 @@ import keras
 from tfdist.models.resnet import resnet_stages
 
 
-def decoder_lm_layout_map(device_mesh, model_axis="model"):
-    """The Megatron layout of `build_decoder_lm`'s blocks: attention by heads, MLP by channels.
+def decoder_lm_layout_map(device_mesh, model_axis="model", vocab_size=None):
+    """The Megatron layout of `build_decoder_lm`: attention by heads, MLP by channels, the
+    output projection by vocabulary.
 
     In every `DecoderBlock`, the self-attention is split by heads (query, key
     and value kernels `(in, heads, head_dim)` as `(None, model, None)`, their
@@ -28,13 +29,19 @@ def decoder_lm_layout_map(device_mesh, model_axis="model"):
     `(model,)`) and `ffn_out` (`Dense(d_model)`) by input channels
     (row-parallel: kernel `(model, None)`, bias replicated): one sum of
     partial products per attention and one per MLP, forward. `num_heads` and
-    `d_ff` must divide by the size of the model axis. Embeddings, norms and
-    the output projection stay replicated.
+    `d_ff` must divide by the size of the model axis. The output projection
+    `lm_head` (`Dense(vocab_size)`) is split by vocabulary (column-parallel:
+    each device computes the logits of its slice, and the training loss
+    reads them slice by slice without gathering them,
+    `tfdist.training.tensor_parallel.vocab_loss`) when the vocabulary divides
+    by K. Embeddings and norms stay replicated.
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh` whose `model_axis` has
             K devices.
         model_axis: the name of the mesh axis the layers are split over.
+        vocab_size: the model's vocabulary; `lm_head` stays replicated when it
+            does not divide by K (None: split it; K must divide it).
 
     Returns:
         A `keras.distribution.LayoutMap`.
@@ -52,6 +59,10 @@ def decoder_lm_layout_map(device_mesh, model_axis="model"):
     layout_map[r"block_\d+/ffn_in/kernel"] = (None, model_axis)
     layout_map[r"block_\d+/ffn_in/bias"] = (model_axis,)
     layout_map[r"block_\d+/ffn_out/kernel"] = (model_axis, None)
+    shards = dict(zip(device_mesh.axis_names, device_mesh.shape, strict=True)).get(model_axis, 1)
+    if vocab_size is None or vocab_size % shards == 0:
+        layout_map["lm_head/kernel"] = (None, model_axis)
+        layout_map["lm_head/bias"] = (model_axis,)
     return layout_map
 
 

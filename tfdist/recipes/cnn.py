@@ -113,13 +113,14 @@ def xla_blocker(config):
     return None
 
 
-def layout_map(config, device_mesh):
+def layout_map(config, device_mesh, model):  # pylint: disable=unused-argument
     """How `--tensor-parallel K` splits the ResNet: `tfdist.models.resnet_layout_map`
     (the last stage's convolutions by output channels).
 
     Example:
 
-    >>> layout_map(config, keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"]))
+    >>> mesh = keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"])
+    >>> layout_map(config, mesh, built.model)
     <...LayoutMap object at ...>
     """
     from tfdist.models import resnet_layout_map

@@ -95,7 +95,7 @@ class Recipe:
             backups and loggers, so that what they add to an epoch's logs
             is written to the CSV, TensorBoard, the results block and the
             run record; None for none.
-        layout_map: `(config, device_mesh) -> keras.distribution.LayoutMap`:
+        layout_map: `(config, device_mesh, model) -> keras.distribution.LayoutMap`:
             how `--tensor-parallel K` splits the recipe's model; None when the
             recipe has no layout (then `--tensor-parallel` > 1 is refused).
 
@@ -465,7 +465,7 @@ def _train(recipe, config, where):
                           jit_compile=jit_compile, grad_accum_steps=config.grad_accum_steps,
                           clip_norm=config.clip_norm, steps_per_execution=config.steps_per_execution,
                           **model_parallel_arguments(config),
-                          **tensor_parallel_arguments(recipe, config))
+                          **tensor_parallel_arguments(recipe, config, built.model))
         prepare_split_optimizer(built, trainer)
 
     # The record (config.yaml) keeps the choices and their reasons, not where

@@ -196,12 +196,13 @@ def tensor_parallel_strategy(config):
     return "default", None
 
 
-def trainer_arguments(recipe, config):
-    """The `Trainer` arguments of `--tensor-parallel`: K and the recipe's layout over K devices.
+def trainer_arguments(recipe, config, model):
+    """The `Trainer` arguments of `--tensor-parallel`: K and the recipe's layout of `model`
+    over K devices.
 
     Example:
 
-    >>> trainer_arguments(transformer.RECIPE, argparse.Namespace(tensor_parallel=2))
+    >>> trainer_arguments(transformer.RECIPE, argparse.Namespace(tensor_parallel=2), model)
     {'tensor_parallel': 2, 'layout_map': <...LayoutMap object at ...>}
     """
     k = getattr(config, "tensor_parallel", 1)
@@ -212,7 +213,7 @@ def trainer_arguments(recipe, config):
     from tfdist.training.tensor_parallel.split import shard_devices
 
     mesh = keras.distribution.DeviceMesh((k,), ["model"], devices=shard_devices(k))
-    return {"tensor_parallel": k, "layout_map": recipe.layout_map(config, mesh)}
+    return {"tensor_parallel": k, "layout_map": recipe.layout_map(config, mesh, model)}
 
 
 def prepare_split_optimizer(built, trainer):
@@ -293,7 +294,7 @@ def tensor_parallel_block(trainer):
     Example:
 
     >>> print(tensor_parallel_block(trainer))
-      tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' (6 layers split), shards on CPU:0, CPU:1
+      tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' (7 layers split), shards on CPU:0, CPU:1
                          block_0/attention  heads-parallel  4 heads -> 2 x 2
                          ...
       bytes/device     CPU:0 split 0.125 MiB + rest 1.500 MiB, CPU:1 split 0.125 MiB + rest 0.000 MiB

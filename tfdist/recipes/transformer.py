@@ -156,18 +156,20 @@ def parameter_server_count():
     return len(cluster_spec(strategy).get("ps", ())) if is_parameter_server(strategy) else 0
 
 
-def layout_map(config, device_mesh):
+def layout_map(config, device_mesh, model):
     """How `--tensor-parallel K` splits the decoder LM: `tfdist.models.decoder_lm_layout_map`
-    (every block's attention by heads, its feed-forward pair by channels).
+    (every block's attention by heads, its feed-forward pair by channels, the output
+    projection by vocabulary when the vocabulary divides by K).
 
     Example:
 
-    >>> layout_map(config, keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"]))
+    >>> mesh = keras.distribution.DeviceMesh((2,), ["model"], ["cpu:0", "cpu:1"])
+    >>> layout_map(config, mesh, built.model)
     <...LayoutMap object at ...>
     """
     from tfdist.models import decoder_lm_layout_map
 
-    return decoder_lm_layout_map(device_mesh)
+    return decoder_lm_layout_map(device_mesh, vocab_size=int(model.outputs[0].shape[-1]))
 
 
 def train_examples(config):
