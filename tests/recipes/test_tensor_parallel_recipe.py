@@ -35,7 +35,7 @@ def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys):
     for split, one in zip(split_figures, one_figures, strict=True):
         assert split == one, (split_out, one_out)
     for text in ("tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' "
-                 "(7 layers split), shards on CPU:0, CPU:1",
+                 "(8 layers split), shards on CPU:0, CPU:1",
                  "block_1/ffn_out  row-parallel  kernel (512, 128) -> 2 x (256, 128)",
                  "block_0/attention  heads-parallel  4 heads -> 2 x 2"):
         assert text in split_out, split_out
@@ -55,7 +55,7 @@ def test_transformer_split_runs_bfloat16_with_accumulation(capsys, mixed_bfloat1
     assert transformer.main([*flags, "--precision", "bf16", "--grad-accum-steps", "2",
                              "--tensor-parallel", "2"]) == 0
     out = capsys.readouterr().out
-    assert "mixed_bfloat16" in out and "(7 layers split)" in out, out
+    assert "mixed_bfloat16" in out and "(8 layers split)" in out, out
     losses = [float(figure) for figure in re.findall(r"(?<!val_)loss: ([0-9.]+)", out)]
     assert losses and all(0 < loss < 20 for loss in losses), out
 
@@ -235,7 +235,7 @@ def test_two_workers_of_two_shards_train_like_the_whole_model_and_resume_exactly
         result = launch(recipe(k, tmp_path / f"tp{k}"), workers=2, timeout=240)
         assert result.returncode == 0, result.stdout[-4000:]
         assert "multi_worker_mirrored: 2 replica(s) on 2 worker(s)" in result.stdout
-        assert ("(7 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
+        assert ("(8 layers split), shards on CPU:0, CPU:1" in result.stdout) == (k == 2)
         with open(tmp_path / f"tp{k}" / "training_log.csv") as stream:
             logs[k] = list(csv.DictReader(stream))
     for split, whole in zip(logs[2], logs[1], strict=True):

@@ -29,19 +29,22 @@ def decoder_lm_layout_map(device_mesh, model_axis="model", vocab_size=None):
     `(model,)`) and `ffn_out` (`Dense(d_model)`) by input channels
     (row-parallel: kernel `(model, None)`, bias replicated): one sum of
     partial products per attention and one per MLP, forward. `num_heads` and
-    `d_ff` must divide by the size of the model axis. The output projection
-    `lm_head` (`Dense(vocab_size)`) is split by vocabulary (column-parallel:
-    each device computes the logits of its slice, and the training loss
-    reads them slice by slice without gathering them,
-    `tfdist.training.tensor_parallel.vocab_loss`) when the vocabulary divides
-    by K. Embeddings and norms stay replicated.
+    `d_ff` must divide by the size of the model axis. When the vocabulary
+    divides by K, the token embedding's table is split by rows (each device
+    looks up its slice of the vocabulary; the K partial lookups are summed)
+    and the output projection `lm_head` (`Dense(vocab_size)`) by vocabulary
+    (column-parallel: each device computes the logits of its slice, and the
+    training loss reads them slice by slice without gathering them,
+    `tfdist.training.tensor_parallel.vocab_loss`). Position embeddings and
+    norms stay replicated.
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh` whose `model_axis` has
             K devices.
         model_axis: the name of the mesh axis the layers are split over.
-        vocab_size: the model's vocabulary; `lm_head` stays replicated when it
-            does not divide by K (None: split it; K must divide it).
+        vocab_size: the model's vocabulary; the token embedding and `lm_head`
+            stay replicated when it does not divide by K (None: split them; K
+            must divide it).
 
     Returns:
         A `keras.distribution.LayoutMap`.
@@ -61,6 +64,7 @@ def decoder_lm_layout_map(device_mesh, model_axis="model", vocab_size=None):
     layout_map[r"block_\d+/ffn_out/kernel"] = (model_axis, None)
     shards = dict(zip(device_mesh.axis_names, device_mesh.shape, strict=True)).get(model_axis, 1)
     if vocab_size is None or vocab_size % shards == 0:
+        layout_map["embedding/token_embedding/embeddings"] = (model_axis, None)
         layout_map["lm_head/kernel"] = (None, model_axis)
         layout_map["lm_head/bias"] = (model_axis,)
     return layout_map

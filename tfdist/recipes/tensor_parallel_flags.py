@@ -294,7 +294,7 @@ def tensor_parallel_block(trainer):
     Example:
 
     >>> print(tensor_parallel_block(trainer))
-      tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' (7 layers split), shards on CPU:0, CPU:1
+      tensor parallel  tensor_parallel=2 over mesh axis 'model' of 'decoder_lm' (8 layers split), shards on CPU:0, CPU:1
                          block_0/attention  heads-parallel  4 heads -> 2 x 2
                          ...
       bytes/device     CPU:0 split 0.125 MiB + rest 1.500 MiB, CPU:1 split 0.125 MiB + rest 0.000 MiB

@@ -109,9 +109,10 @@ def test_decoder_lm_with_its_shipped_layout_trains_like_one_device():
     trainer = Trainer(two_model, tensor_parallel=2, layout_map=decoder_lm_layout_map(mesh))
     two = two_model, trainer.fit(data, epochs=1, verbose=0).history
     assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
+        ("embedding/token_embedding", "vocabulary")] + [
         (f"block_{i}/{name}", style) for i in range(2)
         for name, style in (("attention", "heads"), ("ffn_in", "column"), ("ffn_out", "row"))
-    ] + [("lm_head", "column")]  # the output projection by vocabulary
+    ] + [("lm_head", "column")]  # the embedding and the output projection by vocabulary
     assert_same(two, one)
     attention = trainer.model.get_layer("block_1").attention
     assert [device_of(shard.query_dense.kernel) for shard in attention.heads] == ["CPU:0", "CPU:1"]

@@ -143,3 +143,53 @@ def test_under_mixed_bfloat16_the_float32_logits_keep_their_slices(mixed_bfloat1
     slices(tokens[:8])
     assert seen == {"dtype": tf.float32, "dtypes": [tf.float32] * 2,
                     "devices": ["CPU:0", "CPU:1"]}
+
+
+def test_the_embedding_split_by_rows_looks_up_and_learns_like_the_whole_table():
+    from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
+
+    keras.utils.set_random_seed(4)
+    whole = keras.layers.Embedding(VOCAB, 6, mask_zero=True)
+    whole.build((None, 5))
+    split = VocabParallelEmbedding.from_embedding(whole, shard_devices(2))
+    split.build((None, 5))
+    split.load_from(whole)
+    assert [t.value.device[-5:] for t in split.tables] == ["CPU:0", "CPU:1"]
+    assert [t.shape for t in split.tables] == [(VOCAB // 2, 6)] * 2
+    ids = tf.constant(np.random.default_rng(1).integers(0, VOCAB, size=(3, 5)), tf.int32)
+    upstream = tf.constant(np.random.default_rng(2).normal(size=(3, 5, 6)), tf.float32)
+
+    def lookup(layer, variables):
+        with tf.GradientTape() as tape:
+            out = layer(ids)
+            value = tf.reduce_sum(out * upstream)
+        return out, [tf.convert_to_tensor(g) for g in tape.gradient(value, variables)]
+
+    ours, our_grads = lookup(split, split.tables)
+    theirs, (their_grad,) = lookup(whole, [whole.embeddings])
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=0)
+    np.testing.assert_array_equal(split.compute_mask(ids), whole.compute_mask(ids))
+    np.testing.assert_allclose(np.concatenate(our_grads), their_grad, rtol=1e-6, atol=1e-7)
+    fresh = keras.layers.Embedding(VOCAB, 6)
+    fresh.build((None, 5))
+    split.gather_into(fresh)
+    np.testing.assert_array_equal(fresh.embeddings, whole.embeddings)
+
+
+@pytest.mark.parametrize("axes,words", [
+    ((None, "model"), "by vocabulary only"),
+    (("model", None), "does not divide by 2 devices"),
+])
+def test_an_embedding_the_split_cannot_do_is_refused_by_name(axes, words):
+    from tfdist.training.tensor_parallel.layout import ShardLayoutError
+
+    rows = VOCAB + (1 if axes == ("model", None) else 0)
+    inputs = keras.Input((4,), dtype="int32")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(
+        keras.layers.Embedding(rows, 8, name="tokens")(inputs)))
+    mesh = keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["tokens/embeddings"] = axes
+    with pytest.raises(ShardLayoutError, match=words) as raised:
+        plan_shards(model, layout_map, 2)
+    assert "'tokens'" in str(raised.value)

@@ -42,6 +42,8 @@ HEADS = "heads"
 """Style of a `MultiHeadAttention` split by heads (query/key/value by columns, output by rows)."""
 FILTERS = "filters"
 """Style of a `Conv2D` split by output channels (filters; kernel's last axis, bias split too)."""
+VOCABULARY = "vocabulary"
+"""Style of an `Embedding` split by vocabulary (the table's rows)."""
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
 
 

@@ -36,13 +36,18 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   output channels on device i; the K pieces are concatenated on the first
   device for the next layer, which is not split. A convolution laid out on
   its input channels is refused (not supported yet).
+* A `keras.layers.Embedding` whose table `(vocab, width)` is laid out
+  `("model", None)` is split **by vocabulary**: shard i holds rows
+  `[i*V/K, (i+1)*V/K)` and looks up the ids in them; the K partial lookups
+  are summed on the first device (`tfdist.training.tensor_parallel.embedding`).
 * Variables no layout entry matches (or whose layout shards nothing) are
   replicated: one copy, on the first device.
 
 Anything a layout shards that tfdist cannot split is refused, naming the
-layer, the variable path and why: a layer that is not a plain Dense or
-MultiHeadAttention (the class is named; EinsumDense on its own, embeddings
-and convolutions are not split yet), an attention laid out in part, a layer
+layer, the variable path and why: a layer that is not a plain Dense,
+MultiHeadAttention, Conv2D or Embedding (the class is named; EinsumDense on
+its own and other convolutions are not split yet), an embedding laid out on
+its width or whose vocabulary K does not divide, an attention laid out in part, a layer
 deeper than one level inside a top-level layer or not held as an attribute
 of it (a layer is split at the model's top level, or as an attribute of a
 top-level layer, such as a Transformer block's `ffn_in` or `attention`: the
@@ -65,7 +70,7 @@ import keras
 
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
-from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW
+from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW, VOCABULARY
 
 
 class ShardLayoutError(ValueError):
@@ -117,7 +122,7 @@ class LayerShard:
             return (self.units // num_shards,)
         if self.style == FILTERS:
             return tuple(self.kernel_shape[:-1]) + (self.units // num_shards,)
-        return (self.input_dim // num_shards, self.units)
+        return (self.input_dim // num_shards, self.units)  # ROW, VOCABULARY
 
     def describe(self, num_shards):
         """One line: layer, style, kernel shape and shard shape.
@@ -132,6 +137,9 @@ class LayerShard:
                     f"{self.units // num_shards}")
         if self.style == FILTERS:
             return (f"{self.layer}  filters-parallel  kernel {tuple(self.kernel_shape)} -> "
+                    f"{num_shards} x {self.shard_shape(num_shards)}")
+        if self.style == VOCABULARY:
+            return (f"{self.layer}  vocabulary-parallel  table {(self.input_dim, self.units)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
         return (f"{self.layer}  {self.style}-parallel  kernel {(self.input_dim, self.units)} -> "
                 f"{num_shards} x {self.shard_shape(num_shards)}")
@@ -292,6 +300,7 @@ def plan_shards(model, layout_map, num_shards):
         layer, name, parent = _split_target(owners.get(id(variable)), variable, model)
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
                 else _conv_role(layer, name, variable) if _is_conv(layer)
+                else _embedding_role(layer, name, variable) if _is_embedding(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
             sharded[name] = {}
@@ -305,7 +314,43 @@ def plan_shards(model, layout_map, num_shards):
 
 
 def _is_splittable(layer):
-    return type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
+    return (type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
+            or _is_embedding(layer))
+
+
+def _is_embedding(layer):
+    return type(layer) is keras.layers.Embedding
+
+
+def _embedding_role(layer, name, variable):
+    """`"embeddings"` of a splittable Embedding, else a `ShardLayoutError` saying why."""
+    quantized = getattr(layer, "quantization_mode", None)
+    why = next((reason for reason in (
+        _lora(layer), quantized and f"it is quantized ({quantized})",
+        *(f"it has an {feature} (not split yet)" for feature in
+          ("embeddings_regularizer", "activity_regularizer", "embeddings_constraint")
+          if getattr(layer, feature, None) is not None)) if reason), None)
+    if why:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the Embedding layer {name!r}, "
+            f"but {why}. Remove that from the layer, or drop the layer's entry from the layout.")
+    return "embeddings"
+
+
+def _embedding_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of an Embedding split by vocabulary (its table laid out (axis, None))."""
+    path = layer.embeddings.path
+    if roles["embeddings"] != (axis, None):
+        raise ShardLayoutError(
+            f"The layout of {path!r} (Embedding {name!r}) is {roles['embeddings']}: tfdist "
+            f"splits an embedding table by vocabulary only, ({axis!r}, None). Use that, or "
+            "drop the entry (the embedding then runs replicated).")
+    if layer.input_dim % num_shards:
+        raise ShardLayoutError(
+            f"The Embedding {name!r} has a vocabulary of {layer.input_dim}, which does not "
+            f"divide by {num_shards} devices. Drop its entry from the layout (it then runs "
+            "replicated), or pad the vocabulary to a multiple of the tensor-parallel degree.")
+    return LayerShard(name, VOCABULARY, path, layer.input_dim, layer.output_dim, parent)
 
 
 def _is_conv(layer):
@@ -315,6 +360,8 @@ def _is_conv(layer):
 def _shard_builder(layer):
     if _is_attention(layer):
         return _attention_shard
+    if _is_embedding(layer):
+        return _embedding_shard
     return _conv_shard if _is_conv(layer) else _layer_shard
 
 
@@ -354,9 +401,10 @@ def _refuse_class(layer, name, variable):
     raise ShardLayoutError(
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
         f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
-        f"keras.layers.MultiHeadAttention (by heads) and keras.layers.Conv2D (by filters) so "
-        f"far{inside}; EinsumDense on its own, embeddings and other convolutions are not split "
-        "yet. Drop that entry from the layout (the layer then runs replicated).")
+        f"keras.layers.MultiHeadAttention (by heads), keras.layers.Conv2D (by filters) and "
+        f"keras.layers.Embedding (by vocabulary) so far{inside}; EinsumDense on its own and "
+        "other convolutions are not split yet. Drop that entry from the layout (the layer then "
+        "runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",

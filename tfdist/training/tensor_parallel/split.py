@@ -26,16 +26,19 @@ Example:
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist.seam import direct_sublayers, model_compile_config
-from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, ShardedConv2D,
-                                                    ShardedDense, ShardedMultiHeadAttention)
+from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
+from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, VOCABULARY,
+                                                    ShardedConv2D, ShardedDense,
+                                                    ShardedMultiHeadAttention)
 from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab_parallel_loss_of
 from tfdist.runtime.argtypes import check_int_at_least
 
 
-SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D)
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D, VocabParallelEmbedding)
 """The layer classes a split model's split layers have."""
 
 
@@ -148,6 +151,8 @@ def sharded_layer(layer, style, devices):
         return ShardedMultiHeadAttention.from_attention(layer, devices)
     if style == FILTERS:
         return ShardedConv2D.from_conv(layer, devices)
+    if style == VOCABULARY:
+        return VocabParallelEmbedding.from_embedding(layer, devices)
     return ShardedDense.from_dense(layer, style, devices)
 
 
@@ -193,13 +198,28 @@ def _dense_pairs(model, split):
             continue
         subs = {sub.name: sub for sub in direct_sublayers(original) if sub.weights}
         pairs += [(subs[sub.name], sub) for sub in direct_sublayers(copy) if sub.weights]
-        held = sum(len(sub.weights) for sub in direct_sublayers(original))
-        if held != len(original.weights):
-            raise ValueError(
-                f"The layer {original.name!r} holds weights of its own besides its sub-layers'; "
-                "tfdist splits a Dense inside a layer only when all the layer's weights are "
-                "its sub-layers'.")
+        own = _OwnWeights(original), _OwnWeights(copy)
+        if own[0].weights or own[1].weights:
+            pairs.append(own)  # such as a token-and-position embedding's position table
     return pairs
+
+
+class _OwnWeights:
+    """The weights a layer holds itself, not through its sub-layers, as a pair member for
+    `_dense_pairs` (`get_weights` / `set_weights` in the layer's order)."""
+
+    def __init__(self, layer):
+        held = {id(v) for sub in direct_sublayers(layer) for v in sub.weights}
+        self.weights = [v for v in layer.weights if id(v) not in held]
+
+    def get_weights(self):
+        return [np.asarray(v) for v in self.weights]
+
+    def set_weights(self, values):
+        if len(values) != len(self.weights):
+            raise ValueError(f"{len(values)} values for {len(self.weights)} weights.")
+        for variable, value in zip(self.weights, values, strict=True):
+            variable.assign(value)
 
 
 def compile_like(split, model):
