@@ -270,7 +270,7 @@ def test_the_bench_formula_and_trace_reading():
     assert volume["moved_bytes"] == 2 * volume["all_reduce_bytes"]
     four = all_reduce_volume(2, 32, 64, 128, 4, vocabulary_split=False)
     assert four["moved_bytes"] == 6 * volume["all_reduce_bytes"]
-    assert all_reduce_volume(2, 32, 64, 128, 2)["all_reduces"] == 9  # + the output projection
+    assert all_reduce_volume(2, 32, 64, 128, 2)["all_reduces"] == 10  # + embedding, projection
     lines = {"tf_Compute/1": [("block_0/ffn_in/MatMul", 0, 6), ("x/_12:_Send", 6, 1),
                               ("block_0/ffn_out/AddN", 7, 1)],
              "tf_Compute/2": [("x/_13:_Recv", 0, 2)],
@@ -295,11 +295,11 @@ def test_the_bench_subcommand_runs_quick_and_reports_both_settings(tmp_path):
         stderr=subprocess.STDOUT, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "one device" in result.stdout and "split over 2 devices" in result.stdout
-    assert "all-reduces (4 per block, 1 for the output projection" in result.stdout
+    assert "all-reduces (4 per block, 2 for the embedding and output projection" in result.stdout
     report = json.loads(out.read_text())
     one, split = report["rows"]
     assert (one["K"], split["K"]) == (1, 2)
     assert one["sends"] == 0 < split["sends"]  # one device sends nothing between devices
     assert 0 < split["communication share"] < 1
     assert all(row["examples/s"] > 0 for row in report["rows"])
-    assert report["volume"]["all_reduces"] == 4 * report["settings"]["num_layers"] + 1
+    assert report["volume"]["all_reduces"] == 4 * report["settings"]["num_layers"] + 2

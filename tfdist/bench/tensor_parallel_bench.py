@@ -4,8 +4,8 @@ Two settings of the same Transformer and global batch, in one process, in
 alternating rounds (these machines are noisy):
 
 * `K=1`: the whole model on one device (plain `Trainer`);
-* `K`: attention split by heads, the MLP by channels and the output
-  projection by vocabulary over K devices (`Trainer(tensor_parallel=K)`
+* `K`: attention split by heads, the MLP by channels, the token embedding
+  and the output projection by vocabulary over K devices (`Trainer(tensor_parallel=K)`
   with `tfdist.models.decoder_lm_layout_map`).
 
 For each: the median step time, examples/s and tokens/s, and for the split
@@ -13,9 +13,10 @@ the communication it needs, two ways:
 
 * by formula (Megatron's pattern): every block sums K partial products
   twice forward (after the attention, after the MLP) and twice backward (the
-  gradients of their inputs), and the output projection split by vocabulary
-  once backward (the gradient of its input; its loss sends only 4 numbers
-  per token and shard), so a step makes `4 L + 1` all-reduces of a
+  gradients of their inputs), the token embedding split by vocabulary once
+  forward (its partial lookups), and the output projection split by
+  vocabulary once backward (the gradient of its input; its loss sends only
+  4 numbers per token and shard), so a step makes `4 L + 2` all-reduces of a
   `B x T x d` activation (`all_reduce_volume`). On one worker tfdist sums on
   the first device: each sum moves `K-1` partials there and its result back
   to the K-1 others, `2 (K-1) B T d` values.
@@ -55,10 +56,10 @@ def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes
 
     Returns:
         `{"all_reduces": n, "values_each": B T d, "all_reduce_bytes": n B T d s,
-        "moved_bytes": n x 2 (K-1) B T d s}` with `n = 4 L` (+ 1 when the output
-        projection is split by vocabulary): `moved_bytes` is what tfdist's sum
-        on the first device moves between devices (the K-1 partials in, the
-        sum back out).
+        "moved_bytes": n x 2 (K-1) B T d s}` with `n = 4 L` (+ 2 when the token
+        embedding and the output projection are split by vocabulary):
+        `moved_bytes` is what tfdist's sum on the first device moves between
+        devices (the K-1 partials in, the sum back out).
 
     Example:
 
@@ -66,7 +67,7 @@ def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes
     16.0
     """
     values = batch * sequence_length * d_model
-    all_reduces = 4 * num_layers + (1 if vocabulary_split else 0)
+    all_reduces = 4 * num_layers + (2 if vocabulary_split else 0)
     return {"all_reduces": all_reduces, "values_each": values,
             "all_reduce_bytes": all_reduces * values * bytes_per_value,
             "moved_bytes": all_reduces * 2 * (shards - 1) * values * bytes_per_value}
@@ -256,8 +257,8 @@ def format_report(report):
                      f"{sends:>7}{share:>13}")
     mib = 2 ** 20
     lines.append(
-        f"Per step, by formula: {volume['all_reduces']} all-reduces (4 per block, 1 for the "
-        f"output projection split by vocabulary) of "
+        f"Per step, by formula: {volume['all_reduces']} all-reduces (4 per block, 2 for the "
+        f"embedding and output projection split by vocabulary) of "
         f"{volume['values_each']:,} values (B x T x d) = {volume['all_reduce_bytes'] / mib:.1f} "
         f"MiB in float32; summed on the first device they move "
         f"{volume['moved_bytes'] / mib:.1f} MiB between devices.")
@@ -282,9 +283,10 @@ def parser():
     result = argparse.ArgumentParser(
         prog="tfdist bench tensor-parallel",
         description="Tensor parallelism: the Transformer on one device vs its attention, "
-                    "MLPs and output projection split over K devices (K GPUs, or K logical CPUs), same global batch, "
-                    "alternating rounds: step time, throughput, the all-reduce volume per step "
-                    "(formula) and the transfers and communication share (profiler).")
+                    "MLPs, embedding and output projection split over K devices (K GPUs, or "
+                    "K logical CPUs), same global batch, alternating rounds: step time, "
+                    "throughput, the all-reduce volume per step (formula) and the transfers "
+                    "and communication share (profiler).")
     result.add_argument("--size", default="tiny", help="Transformer size (default tiny)")
     result.add_argument("--layers", type=positive, default=None,
                         help="number of blocks (default: the size's)")

@@ -202,7 +202,8 @@ COMMON_OPTIONS = [
     Option("tensor_parallel", int, 1,
            "Split the model's large layers themselves over K devices of this worker (K GPUs, or "
            "the CPU split into K logical devices) by the recipe's layout: the transformer's "
-           "attention by heads and MLP by channels, the ResNet's last-stage convolutions by "
+           "attention by heads, MLP by channels, token embedding and output projection by "
+           "vocabulary (when K divides it), the ResNet's last-stage convolutions by "
            "output channels; one replica per worker: data parallelism then runs across workers "
            "(float32 or mixed, accumulation allowed), no XLA so far.",
            minimum=1, normalize=lambda count: check_device_count(count, "--tensor-parallel")),
