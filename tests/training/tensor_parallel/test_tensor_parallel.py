@@ -294,9 +294,12 @@ def test_refusals_name_the_layer_and_why():
     layout_map = keras.distribution.LayoutMap(
         keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"]))
     layout_map["proj/kernel"] = (None, "model")
-    with pytest.raises(ShardLayoutError, match="layer 'proj', a EinsumDense: tfdist splits only "
-                                               "keras.layers.Dense, keras.layers.Multi"):
-        plan_shards(other, layout_map, 2)
+    assert plan_shards(other, layout_map, 2).shard_of("proj").style == "column"  # EinsumDense
+    conv_inputs = keras.Input((4, FEATURES))
+    conv = keras.Model(conv_inputs, keras.layers.Conv1D(8, 2, name="proj")(conv_inputs))
+    with pytest.raises(ShardLayoutError, match="layer 'proj', a Conv1D: tfdist splits only "
+                                               "keras.layers.Dense, keras.layers.EinsumDense"):
+        plan_shards(conv, layout_map, 2)
     layout_map = keras.distribution.LayoutMap(layout_map.device_mesh)
     layout_map["attend/query/kernel"] = (None, "model", None)
     with pytest.raises(ShardLayoutError, match="splits the MultiHeadAttention 'attend' only in "

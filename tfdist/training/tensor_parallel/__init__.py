@@ -3,8 +3,9 @@
 Tensor (channel) parallelism in the Megatron pattern, described with Keras's
 own `keras.distribution.LayoutMap` / `DeviceMesh`: a Dense layer's kernel
 split by output channels (column-parallel) or by input channels
-(row-parallel), a MultiHeadAttention split by heads, a Conv2D split by
-output channels, over K devices, each
+(row-parallel), an EinsumDense along one kernel axis, a MultiHeadAttention
+split by heads, a Conv2D split by output channels, an Embedding and the
+output projection with its cross-entropy split by vocabulary, over K devices, each
 shard a variable on its own device, each shard's computation on that device. Used through
 `Trainer(model, tensor_parallel=K, layout_map=...)`:
 
@@ -16,6 +17,8 @@ shard a variable on its own device, each shard's computation on that device. Use
 
 Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
 `layers` (`ShardedDense`, `ShardedMultiHeadAttention`, `ShardedConv2D`), `split` (the split model, weights in and out,
-devices, the Trainer's checks), `steps` (the step functions: one split replica per
-worker, data parallel across workers).
+devices, the Trainer's checks), `einsum` (`ShardedEinsumDense`), `embedding`
+(`VocabParallelEmbedding`), `vocab_loss` (the cross-entropy of logits split by
+vocabulary), `steps` (the step functions: one split replica per worker, data
+parallel across workers).
 """

@@ -70,6 +70,7 @@ import keras
 
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
+from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
 from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW, VOCABULARY
 
 
@@ -91,8 +92,10 @@ class LayerShard:
         input_dim: the kernel's input channels.
         units: the kernel's output channels.
         parent: the name of the top-level layer holding it, or None.
-        kernel_shape: the whole kernel's shape (a Conv2D's `(kh, kw, in, filters)`),
-            or None for a Dense's `(input_dim, units)`.
+        kernel_shape: the whole kernel's shape (a Conv2D's `(kh, kw, in, filters)`,
+            an EinsumDense's), or None for a Dense's `(input_dim, units)`.
+        einsum_letter: for an EinsumDense, the equation letter of the split
+            kernel axis; None otherwise.
 
     Example:
 
@@ -107,6 +110,8 @@ class LayerShard:
     units: int
     parent: str = None
     kernel_shape: tuple = None
+    einsum_letter: str = None
+    einsum_axis: int = None
 
     def shard_shape(self, num_shards):
         """The shape of one kernel shard (split attention: `(heads per shard,)`).
@@ -116,6 +121,10 @@ class LayerShard:
         >>> LayerShard("down", ROW, "down/kernel", 64, 16).shard_shape(2)
         (32, 16)
         """
+        if self.einsum_axis is not None:
+            shape = list(self.kernel_shape)
+            shape[self.einsum_axis] //= num_shards
+            return tuple(shape)
         if self.style == COLUMN:
             return (self.input_dim, self.units // num_shards)
         if self.style == HEADS:
@@ -138,6 +147,9 @@ class LayerShard:
         if self.style == FILTERS:
             return (f"{self.layer}  filters-parallel  kernel {tuple(self.kernel_shape)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
+        if self.einsum_axis is not None:
+            return (f"{self.layer}  {self.style}-parallel  einsum kernel "
+                    f"{tuple(self.kernel_shape)} -> {num_shards} x {self.shard_shape(num_shards)}")
         if self.style == VOCABULARY:
             return (f"{self.layer}  vocabulary-parallel  table {(self.input_dim, self.units)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
@@ -301,6 +313,7 @@ def plan_shards(model, layout_map, num_shards):
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
                 else _conv_role(layer, name, variable) if _is_conv(layer)
                 else _embedding_role(layer, name, variable) if _is_embedding(layer)
+                else _einsum_role(layer, name, variable) if _is_einsum(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
             sharded[name] = {}
@@ -315,7 +328,69 @@ def plan_shards(model, layout_map, num_shards):
 
 def _is_splittable(layer):
     return (type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
-            or _is_embedding(layer))
+            or _is_embedding(layer) or _is_einsum(layer))
+
+
+def _is_einsum(layer):
+    return type(layer) is keras.layers.EinsumDense
+
+
+def _einsum_role(layer, name, variable):
+    """`"kernel"` or `"bias"` of a splittable EinsumDense, else a `ShardLayoutError` saying why."""
+    quantized = getattr(layer, "quantization_mode", None)
+    why = next((reason for reason in (
+        _lora(layer), quantized and f"it is quantized ({quantized})",
+        _unsplit_feature(lambda feature: getattr(layer, feature, None))) if reason), None)
+    if why:
+        raise ShardLayoutError(
+            f"The layout shards the variable {variable.path!r} of the EinsumDense layer "
+            f"{name!r}, but {why}. Remove that from the layer, or drop the layer's entries "
+            "from the layout.")
+    if variable is layer.kernel:
+        return "kernel"
+    if getattr(layer, "bias", None) is not None and variable is layer.bias:
+        return "bias"
+    raise ShardLayoutError(f"The variable {variable.path!r} of the EinsumDense layer {name!r} "
+                           "is neither its kernel nor its bias.")
+
+
+def _einsum_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of an EinsumDense split along the one kernel axis its layout shards."""
+    path, shape = layer.kernel.path, tuple(int(d) for d in layer.kernel.shape)
+    if "kernel" not in roles:
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the EinsumDense layer {name!r} "
+            f"but not its kernel {path!r}: a bias is split only with its kernel.")
+    axes = roles["kernel"]
+    where = [index for index, a in enumerate(axes) if a == axis]
+    if len(axes) != len(shape) or len(where) != 1:
+        raise ShardLayoutError(
+            f"The layout of {path!r} (EinsumDense {name!r}, kernel {shape}) is {axes}: lay out "
+            f"exactly one of its {len(shape)} axes on {axis!r}.")
+    try:
+        _, kernel_spec, _ = einsum_specs(layer.equation)
+    except ValueError as error:
+        raise ShardLayoutError(f"{error} (layer {name!r})") from None
+    letter = kernel_spec[where[0]]
+    style = split_style(layer.equation, letter)
+    if style is None:
+        raise ShardLayoutError(
+            f"The layout of {path!r} shards the kernel axis {letter!r} of the EinsumDense "
+            f"{name!r} ({layer.equation!r}), which is in both its input and output (or in "
+            "neither): tfdist splits an output axis (column-parallel) or a contracted input "
+            "axis (row-parallel). Lay out another axis, or drop the entry.")
+    if shape[where[0]] % num_shards:
+        raise ShardLayoutError(
+            f"The kernel axis {letter!r} of the EinsumDense {name!r} has {shape[where[0]]} "
+            f"entries, which do not divide by {num_shards} devices.")
+    bias_axes = getattr(layer, "bias_axes", None) or ""
+    if "bias" in roles and (style == ROW or letter not in bias_axes):
+        raise ShardLayoutError(
+            f"The layout shards the bias of the EinsumDense {name!r}, but its bias does not "
+            f"vary along the split axis {letter!r} ({style}-parallel): it is added once, "
+            "whole, after the shards. Drop the bias entry.")
+    return LayerShard(name, style, path, shape[0], shape[-1], parent, kernel_shape=shape,
+                      einsum_letter=letter, einsum_axis=where[0])
 
 
 def _is_embedding(layer):
@@ -362,6 +437,8 @@ def _shard_builder(layer):
         return _attention_shard
     if _is_embedding(layer):
         return _embedding_shard
+    if _is_einsum(layer):
+        return _einsum_shard
     return _conv_shard if _is_conv(layer) else _layer_shard
 
 
@@ -401,10 +478,10 @@ def _refuse_class(layer, name, variable):
     raise ShardLayoutError(
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
         f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
-        f"keras.layers.MultiHeadAttention (by heads), keras.layers.Conv2D (by filters) and "
-        f"keras.layers.Embedding (by vocabulary) so far{inside}; EinsumDense on its own and "
-        "other convolutions are not split yet. Drop that entry from the layout (the layer then "
-        "runs replicated).")
+        f"keras.layers.EinsumDense (along one kernel axis), keras.layers.MultiHeadAttention "
+        f"(by heads), keras.layers.Conv2D (by filters) and keras.layers.Embedding (by "
+        f"vocabulary) so far{inside}; other convolutions are not split yet. Drop that entry "
+        "from the layout (the layer then runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.seam import direct_sublayers, model_compile_config
+from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
 from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, VOCABULARY,
                                                     ShardedConv2D, ShardedDense,
@@ -38,7 +39,8 @@ from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab
 from tfdist.runtime.argtypes import check_int_at_least
 
 
-SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D, VocabParallelEmbedding)
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D, VocabParallelEmbedding,
+                  ShardedEinsumDense)
 """The layer classes a split model's split layers have."""
 
 
@@ -105,7 +107,7 @@ def split_model(model, plan):
     def clone(layer):
         shard = plan.shard_of(layer.name)
         if shard is not None:
-            return sharded_layer(layer, shard.style, plan.devices)
+            return sharded_layer(layer, shard.style, plan.devices, shard.einsum_letter)
         if layer.name == cast_output:
             return SliceKeepingLinear.from_activation(layer)
         copy = layer.__class__.from_config(layer.get_config())
@@ -138,7 +140,7 @@ def _is_linear_activation(layer):
             and keras.activations.serialize(layer.activation) in ("linear", {"linear"}))
 
 
-def sharded_layer(layer, style, devices):
+def sharded_layer(layer, style, devices, letter=None):
     """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a Conv2D split by
     filters) over `devices`.
 
@@ -153,6 +155,8 @@ def sharded_layer(layer, style, devices):
         return ShardedConv2D.from_conv(layer, devices)
     if style == VOCABULARY:
         return VocabParallelEmbedding.from_embedding(layer, devices)
+    if letter is not None:
+        return ShardedEinsumDense.from_einsum(layer, letter, devices)
     return ShardedDense.from_dense(layer, style, devices)
 
 
@@ -164,7 +168,7 @@ def _replace_inner_dense(original, copy, shard, devices):
                      if isinstance(value, keras.layers.Layer) and value.name == dense_name)
     layer = getattr(original, attribute)
     delattr(copy, attribute)
-    setattr(copy, attribute, sharded_layer(layer, shard.style, devices))
+    setattr(copy, attribute, sharded_layer(layer, shard.style, devices, shard.einsum_letter))
 
 
 def gather_weights(split, model):
