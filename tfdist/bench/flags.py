@@ -9,6 +9,25 @@ from tfdist.runtime.argtypes import int_at_least
 from tfdist.runtime.tf_logging import add_tf_log_level_flag
 
 
+def add_transformer_flags(parser):
+    """Adds --size (default tiny), --layers and --batch (global, default 32): the Transformer
+    of the model- and tensor-parallel benches.
+
+    Example:
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_transformer_flags(parser)
+    >>> parser.parse_args(["--layers", "4"]).layers
+    4
+    """
+    positive = int_at_least(1)
+    parser.add_argument("--size", default="tiny", help="Transformer size (default tiny)")
+    parser.add_argument("--layers", type=positive, default=None,
+                        help="number of blocks (default: the size's)")
+    parser.add_argument("--batch", type=positive, default=32, help="global batch (default 32)")
+
+
 def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick):
     """Adds --rounds, --steps, --sequence-length, --vocab-size, --json-out, --quick, --tf-log-level.
 

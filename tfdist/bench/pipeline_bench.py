@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.report import write_json
+from tfdist.bench.report import print_report
 
 COLUMNS = ("setting", "K", "M", "step ms", "examples/s", "tokens/s", "vs K=1",
            "bubble GPipe", "bubble measured", "overlap")
@@ -354,20 +354,16 @@ def parser():
     >>> parser().parse_args(["--quick"]).quick
     True
     """
-    from tfdist.bench.flags import add_round_flags
+    from tfdist.bench.flags import add_round_flags, add_transformer_flags
     from tfdist.runtime.argtypes import int_at_least
 
-    positive = int_at_least(1)
     result = argparse.ArgumentParser(
         prog="tfdist bench model-parallel",
         description="Layer-wise model parallelism on 2 devices (2 GPUs, or 2 logical CPUs): "
                     "one device vs 2 stages without pipelining (1 micro-batch) vs 2 pipelined "
                     "stages (GPipe), alternating rounds: step time, throughput and the bubble "
                     "fraction (GPipe's formula and measured from a profiler trace).")
-    result.add_argument("--size", default="tiny", help="Transformer size (default tiny)")
-    result.add_argument("--layers", type=positive, default=None,
-                        help="number of blocks (default: the size's)")
-    result.add_argument("--batch", type=positive, default=32, help="global batch (default 32)")
+    add_transformer_flags(result)
     result.add_argument("--micro-batches", type=int_at_least(2), default=4,
                         help="micro-batches of the pipelined setting (default 4)")
     add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
@@ -397,10 +393,7 @@ def main(argv=None):
     if args.quick:
         options.update(QUICK)
     report = run_model_parallel_bench(**options, log=print)
-    print(format_report(report))
-    if args.json_out:
-        write_json(args.json_out, report)
-        print(f"Wrote {args.json_out}")
+    print_report(format_report(report), report, args.json_out)
     return 0
 
 

@@ -29,7 +29,7 @@ import sys
 import time
 
 from tfdist.runtime.argtypes import int_at_least
-from tfdist.bench.report import write_json
+from tfdist.bench.report import print_report
 
 MODES = ("all-reduce", "parameter-server")
 _THROUGHPUT = re.compile(r"Throughput: ([\d.]+)([kM]?) examples/s")
@@ -174,8 +174,5 @@ def main(argv=None):
     """
     args = build_parser().parse_args(argv)
     report = measure(args)
-    print(format_report(report))
-    if args.json_out:
-        write_json(args.json_out, report)
-        print(f"Wrote {args.json_out}")
+    print_report(format_report(report), report, args.json_out)
     return 0

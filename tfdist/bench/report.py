@@ -309,6 +309,20 @@ def render_markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def print_report(text, report, json_out=None):
+    """Prints a benchmark's table `text`; with `json_out`, also writes `report` there as JSON
+    and says so.
+
+    Example:
+
+    >>> print_report(format_report(report), report, "/tmp/bench/tp.json")
+    """
+    print(text)
+    if json_out:
+        write_json(json_out, report)
+        print(f"Wrote {json_out}")
+
+
 def write_json(path, data):
     """Writes `data` as indented JSON to `path` (its folder created); returns `path`.
 

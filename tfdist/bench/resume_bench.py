@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.report import write_json
+from tfdist.bench.report import print_report
 
 SOURCE_KINDS = ("shapes", "image_folder", "imagenet_tfrecord", "embedded", "text", "tfrecord")
 """The sources measured, in the table's order."""
@@ -246,10 +246,7 @@ def main(argv=None):
     if args.quick:
         options.update(QUICK)
     report = run_resume_bench(kinds=kinds, **options, log=print)
-    print(format_report(report))
-    if args.json_out:
-        write_json(args.json_out, report)
-        print(f"Wrote {args.json_out}")
+    print_report(format_report(report), report, args.json_out)
     return 0
 
 

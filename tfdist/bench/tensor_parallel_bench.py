@@ -45,7 +45,7 @@ import tempfile
 import time
 
 from tfdist.bench.pipeline_bench import cpu_model, token_dataset
-from tfdist.bench.report import write_json
+from tfdist.bench.report import print_report
 
 QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
 
@@ -276,10 +276,9 @@ def parser():
     >>> parser().parse_args(["--quick"]).quick
     True
     """
-    from tfdist.bench.flags import add_round_flags
+    from tfdist.bench.flags import add_round_flags, add_transformer_flags
     from tfdist.runtime.argtypes import int_at_least
 
-    positive = int_at_least(1)
     result = argparse.ArgumentParser(
         prog="tfdist bench tensor-parallel",
         description="Tensor parallelism: the Transformer on one device vs its attention, "
@@ -287,10 +286,7 @@ def parser():
                     "K logical CPUs), same global batch, alternating rounds: step time, "
                     "throughput, the all-reduce volume per step (formula) and the transfers "
                     "and communication share (profiler).")
-    result.add_argument("--size", default="tiny", help="Transformer size (default tiny)")
-    result.add_argument("--layers", type=positive, default=None,
-                        help="number of blocks (default: the size's)")
-    result.add_argument("--batch", type=positive, default=32, help="global batch (default 32)")
+    add_transformer_flags(result)
     result.add_argument("--shards", type=int_at_least(2), default=2,
                         help="K devices of the split setting (default 2)")
     add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
@@ -320,10 +316,7 @@ def main(argv=None):
     if args.quick:
         options.update(QUICK)
     report = run_tensor_parallel_bench(**options, log=print)
-    print(format_report(report))
-    if args.json_out:
-        write_json(args.json_out, report)
-        print(f"Wrote {args.json_out}")
+    print_report(format_report(report), report, args.json_out)
     return 0
 
 
