@@ -29,6 +29,20 @@ def test_the_shipped_layout_splits_the_output_projection_when_the_vocabulary_div
     assert vocabulary_layout(25)["block_0/ffn_in/kernel"].axes == (None, "model")
 
 
+def one_device_and_split():
+    """The tiny decoder LM trained for an epoch on one device and split by the shipped layout
+    (embedding and output projection by vocabulary): `((model, history), (split model's source,
+    history), trainer, tokens, targets)`."""
+    tokens, targets = common.token_arrays(n=24)
+    data = common.dataset((tokens, targets), 8)
+    one_model = common.transformer(tf.distribute.get_strategy())
+    one = Trainer(one_model).fit(data, epochs=1, verbose=0).history
+    two_model = common.transformer(tf.distribute.get_strategy())
+    trainer = Trainer(two_model, tensor_parallel=2, layout_map=vocabulary_layout())
+    two = trainer.fit(data, epochs=1, verbose=0).history
+    return (one_model, one), (two_model, two), trainer, tokens, targets
+
+
 @pytest.mark.parametrize("loss", [
     MaskedSparseCategoricalCrossentropy(),
     MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, jit_compile=False),
@@ -62,13 +76,7 @@ def test_the_loss_from_vocabulary_slices_equals_the_loss_of_the_whole_logits(los
 
 
 def test_an_lm_split_by_vocabulary_trains_like_one_device_and_its_loss_never_gathers():
-    tokens, targets = common.token_arrays(n=24)
-    data = common.dataset((tokens, targets), 8)
-    one_model = common.transformer(tf.distribute.get_strategy())
-    one = Trainer(one_model).fit(data, epochs=1, verbose=0).history
-    two_model = common.transformer(tf.distribute.get_strategy())
-    trainer = Trainer(two_model, tensor_parallel=2, layout_map=vocabulary_layout())
-    two = trainer.fit(data, epochs=1, verbose=0).history
+    (one_model, one), (two_model, two), trainer, tokens, targets = one_device_and_split()
     head = trainer.model.get_layer("lm_head")
     assert isinstance(head, ShardedDense) and head.style == "column"
     assert [k.shape for k in head.kernels] == [(32, VOCAB // 2)] * 2
@@ -119,13 +127,7 @@ def test_a_loss_it_cannot_read_by_slices_is_left_as_compiled():
 def test_under_mixed_bfloat16_the_float32_logits_keep_their_slices(mixed_bfloat16):
     from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, logit_pieces
 
-    tokens, targets = common.token_arrays(n=24)
-    data = common.dataset((tokens, targets), 8)
-    one_model = common.transformer(tf.distribute.get_strategy())
-    one = Trainer(one_model).fit(data, epochs=1, verbose=0).history
-    two_model = common.transformer(tf.distribute.get_strategy())
-    trainer = Trainer(two_model, tensor_parallel=2, layout_map=vocabulary_layout())
-    two = trainer.fit(data, epochs=1, verbose=0).history
+    (one_model, one), (two_model, two), trainer, tokens, targets = one_device_and_split()
     np.testing.assert_allclose(two["loss"], one["loss"], rtol=0.03)  # the repo's bf16 margin
     split = trainer.model
     assert isinstance(split.get_layer("logits"), SliceKeepingLinear)
