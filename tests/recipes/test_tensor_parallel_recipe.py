@@ -7,6 +7,7 @@ device holds; what the split cannot do yet is refused before TensorFlow starts.
 
 import re
 
+import numpy as np
 import pytest
 
 from tfdist.recipes import transformer
@@ -25,11 +26,23 @@ def _figures(out):
     return [line.split()[:2] for line in results.splitlines()[1:]], epoch
 
 
-def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys):
-    assert transformer.main([*SHORT, "--tensor-parallel", "2"]) == 0
+def test_transformer_split_over_two_devices_prints_the_losses_of_one(capsys, tmp_path):
+    assert transformer.main([*SHORT, "--tensor-parallel", "2",
+                             "--model-dir", str(tmp_path / "split")]) == 0
     split_out = capsys.readouterr().out
-    assert transformer.main([*SHORT, "--tensor-parallel", "1"]) == 0
+    assert transformer.main([*SHORT, "--tensor-parallel", "1",
+                             "--model-dir", str(tmp_path / "one")]) == 0
     one_out = capsys.readouterr().out
+    # The split run's epoch checkpoint holds the model as built (kernels gathered), so it
+    # loads where the unsplit run's does, with the same weights.
+    from helpers.compare import final_checkpoint_weights
+
+    split_weights = final_checkpoint_weights(tmp_path / "split")
+    one_weights = final_checkpoint_weights(tmp_path / "one")
+    assert split_weights.keys() == one_weights.keys()
+    for name, value in one_weights.items():
+        np.testing.assert_allclose(split_weights[name], value, rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
     split_figures, one_figures = _figures(split_out), _figures(one_out)
     assert split_figures[0] and split_figures[1], split_out
     for split, one in zip(split_figures, one_figures, strict=True):

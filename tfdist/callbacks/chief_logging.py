@@ -256,7 +256,8 @@ class ChiefOnly(keras.callbacks.Callback):
 
 
 def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=False,
-                           strategy=None, fallback_dir=None, append=False, update_freq="epoch"):
+                           strategy=None, fallback_dir=None, append=False, update_freq="epoch",
+                           checkpoint_model=None):
     """The standard logging callbacks of a run, each writing once per job.
 
     Returns `ChiefOnly`-wrapped Keras callbacks writing under `log_dir`:
@@ -287,6 +288,10 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
         update_freq: TensorBoard's `update_freq`: `"epoch"`, or N to also
             write the training scalars every N steps (`batch_loss`, ...,
             against the global step).
+        checkpoint_model: a function returning the model whose weights the
+            checkpoint saves at each epoch end, or None for the model
+            trained (a tensor-parallel run passes `trainer.gathered_model`,
+            so that its checkpoints load into the model as built).
 
     Returns:
         A list of `ChiefOnly` callbacks (possibly empty).
@@ -323,10 +328,41 @@ def make_logging_callbacks(log_dir, csv=True, tensorboard="auto", checkpoint=Fal
         logger.info("make_logging_callbacks: no TensorBoard logs (the tensorboard package is "
                     "not installed).")
     if checkpoint:
-        callbacks.append(keras.callbacks.ModelCheckpoint(
-            os.path.join(log_dir, "checkpoints", "epoch_{epoch:03d}.weights.h5"),
-            save_weights_only=True))
+        path = os.path.join(log_dir, "checkpoints", "epoch_{epoch:03d}.weights.h5")
+        callbacks.append(keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+                         if checkpoint_model is None else
+                         CheckpointOf(checkpoint_model, path, save_weights_only=True))
     return [ChiefOnly(c, fallback_dir=fallback_dir, strategy=strategy) for c in callbacks]
+
+
+class CheckpointOf(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint` (per epoch) that saves the model `model_of()` returns
+    at that moment instead of the model trained.
+
+    Args:
+        model_of: a function returning the model to save.
+        *args, **kwargs: `keras.callbacks.ModelCheckpoint`'s (its `save_freq`
+            must be `"epoch"`).
+
+    Example:
+
+    >>> CheckpointOf(trainer.gathered_model, "checkpoints/epoch_{epoch:03d}.weights.h5",
+    ...              save_weights_only=True)
+    """
+
+    def __init__(self, model_of, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.save_freq != "epoch":
+            raise ValueError(f"CheckpointOf saves at epoch ends; got save_freq={self.save_freq!r}.")
+        self.model_of = model_of
+
+    def on_epoch_end(self, epoch, logs=None):
+        trained = self.model
+        self.set_model(self.model_of())
+        try:
+            super().on_epoch_end(epoch, logs)
+        finally:
+            self.set_model(trained)
 
 
 def _known_path_attribute(callback):

@@ -516,8 +516,12 @@ def _train(recipe, config, where):
     if config.model_dir:
         # CSV, TensorBoard (every --log-every steps and every epoch) and
         # per-epoch weights, written by the chief only.
-        callbacks += make_logging_callbacks(config.model_dir, checkpoint=True, strategy=strategy,
-                                            append=resuming, update_freq=config.log_every)
+        callbacks += make_logging_callbacks(
+            config.model_dir, checkpoint=True, strategy=strategy, append=resuming,
+            update_freq=config.log_every,
+            # A split model's checkpoints hold the model as built (kernels gathered).
+            checkpoint_model=(trainer.gathered_model if getattr(config, "tensor_parallel", 1) > 1
+                              else None))
     if config.profile_steps:
         first, last, _ = parse_step_range(config.profile_steps)
         callbacks.append(ProfilerWindow(os.path.join(config.model_dir, "tensorboard", "train"),

@@ -414,9 +414,25 @@ class Trainer:
             # Copies moving averages into the model when the optimizer keeps them.
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
         callback_list.on_train_end(logs=training_logs)
+        self.gathered_model()
+        return getattr(self.model, "history", None)
+
+    def gathered_model(self):
+        """The model given to the Trainer, holding the trained weights: with
+        tensor_parallel > 1 the split copy's weights are gathered into it
+        first (each split kernel from its shards); otherwise it is the model
+        trained. A per-epoch weights checkpoint of a split run saves this one,
+        so that it loads into the model as built.
+
+        Example:
+
+        >>> trainer = Trainer(model, tensor_parallel=2, layout_map=layout_map)
+        >>> trainer.fit(data, epochs=1)
+        >>> trainer.gathered_model().save_weights("model.weights.h5")
+        """
         if self.tensor_parallel > 1:
             tensor_split.gather_weights(self.model, self.source_model)
-        return getattr(self.model, "history", None)
+        return self.source_model
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
                  steps=None, callbacks=None, return_dict=False):
