@@ -72,6 +72,7 @@ import warnings
 import tensorflow as tf
 
 from tfdist.seam import get_keras_mask, model_loss_tracker, set_keras_mask
+from tfdist.training.across_workers import gather_across_workers, sum_across_workers, this_workers
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
@@ -272,8 +273,7 @@ class PipelineStepFunctions(FitLoopSteps):
     # ---------------------------------------------------------------- forward
     def _local(self, data):
         """This worker's tensors of a (distributed) batch."""
-        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
-                                     data)
+        return this_workers(self.strategy, data)
 
     def _micro_batches(self, x, y, sample_weight):
         """Cuts the batch into M micro-batches of sizes differing by at most one."""
@@ -534,15 +534,7 @@ class PipelineStepFunctions(FitLoopSteps):
         """One all-reduce (SUM) of `tensors` across the workers (identity on one)."""
         if self.workers == 1:
             return tensors
-
-        def replica(*values):
-            # Under the replica's device, so that the collective knows where it runs.
-            values = [tf.identity(value) for value in values]
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                                   values)
-
-        reduced = self.strategy.run(replica, args=tuple(tensors))
-        return [self.strategy.experimental_local_results(v)[0] for v in reduced]
+        return sum_across_workers(self.strategy, list(tensors))
 
     def _test_step(self, data):
         x, y, sample_weight = unpack(self._local(data), need_targets=False)
@@ -599,15 +591,7 @@ class PipelineStepFunctions(FitLoopSteps):
                 joined = tf.nest.map_structure(lambda *t: tf.concat(t, axis=0), *outputs)
             if self.workers == 1:
                 return joined
-
-            def gather(value):
-                context = tf.distribute.get_replica_context()
-                return tf.nest.map_structure(
-                    lambda t: context.all_gather(tf.identity(t), axis=0), value)
-
-            gathered = self.strategy.run(gather, args=(joined,))
-            return tf.nest.map_structure(
-                lambda v: self.strategy.experimental_local_results(v)[0], gathered)
+            return gather_across_workers(self.strategy, joined)
 
 
 def _after(previous, tensors):

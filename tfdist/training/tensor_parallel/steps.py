@@ -28,6 +28,7 @@ Example:
 import tensorflow as tf
 
 from tfdist.distribute.introspection import num_workers
+from tfdist.training.across_workers import gather_across_workers, sum_across_workers, this_workers
 from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, plain_variables
@@ -59,29 +60,14 @@ class WorkerReplicaStepFunctions(StepFunctions):
             self.micro_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="micro_step")
 
-    def _local(self, data):
-        """This worker's tensors of a (distributed) batch."""
-        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
-                                     data)
-
     def _run_replicas(self, replica_fn, args=()):
         # This worker's one replica, here, on its own devices.
-        return replica_fn(*[self._local(arg) for arg in args])
+        return replica_fn(*[this_workers(self.strategy, arg) for arg in args])
 
     def _sum_over_replicas(self, values):
         if self.workers == 1:
             return values
-        flat = tf.nest.flatten(values)
-
-        def replica(*tensors):
-            # Under the replica's device, so that the collective knows where it runs.
-            tensors = [tf.identity(tensor) for tensor in tensors]
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                                   tensors)
-
-        reduced = self.strategy.run(replica, args=tuple(flat))
-        return tf.nest.pack_sequence_as(
-            values, [self.strategy.experimental_local_results(v)[0] for v in reduced])
+        return sum_across_workers(self.strategy, values)
 
     def _train_loop(self, iterator, num_steps):
         with outside_strategy_scopes():
@@ -93,16 +79,8 @@ class WorkerReplicaStepFunctions(StepFunctions):
 
     def _predict_batch(self, data):
         with outside_strategy_scopes():
-            x, _, _ = unpack(self._local(data), need_targets=False)
+            x, _, _ = unpack(this_workers(self.strategy, data), need_targets=False)
             outputs = self._compute_predictions(x)
         if self.workers == 1:
             return outputs
-
-        def gather(value):
-            context = tf.distribute.get_replica_context()
-            return tf.nest.map_structure(lambda t: context.all_gather(tf.identity(t), axis=0),
-                                         value)
-
-        gathered = self.strategy.run(gather, args=(outputs,))
-        return tf.nest.map_structure(lambda v: self.strategy.experimental_local_results(v)[0],
-                                     gathered)
+        return gather_across_workers(self.strategy, outputs)
