@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tfdist.models import MaskedSparseCategoricalCrossentropy, decoder_lm_layout_map
 from tfdist.training import Trainer
-from tfdist.training.tensor_parallel.layers import _SHARDS, ShardedDense
+from tfdist.training.tensor_parallel.layers import ShardedDense, attach_pieces, pieces_of
 from tfdist.training.tensor_parallel.layout import plan_shards
 from tfdist.training.tensor_parallel.split import shard_devices, split_model
 from tfdist.training.tensor_parallel.vocab_loss import VocabParallelCrossEntropy
@@ -65,7 +65,7 @@ def test_the_loss_from_vocabulary_slices_equals_the_loss_of_the_whole_logits(los
                 high = tf.identity(logits[..., VOCAB // 2:])
             with tf.device("/cpu:0"):
                 whole = tf.concat([low, high], axis=-1)
-            setattr(whole, _SHARDS, (low, high))
+            attach_pieces(whole, (low, high))
             ours, theirs = parallel(labels, whole), loss(labels, whole)
         return ours, theirs, tape.gradient(ours, logits), tape.gradient(theirs, logits)
 
@@ -125,7 +125,7 @@ def test_a_loss_it_cannot_read_by_slices_is_left_as_compiled():
 
 
 def test_under_mixed_bfloat16_the_float32_logits_keep_their_slices(mixed_bfloat16):
-    from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, logit_pieces
+    from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear
 
     (one_model, one), (two_model, two), trainer, tokens, targets = one_device_and_split()
     np.testing.assert_allclose(two["loss"], one["loss"], rtol=0.03)  # the repo's bf16 margin
@@ -137,7 +137,7 @@ def test_under_mixed_bfloat16_the_float32_logits_keep_their_slices(mixed_bfloat1
     @tf.function
     def slices(x):
         logits = split(x)
-        pieces = logit_pieces(logits)
+        pieces = pieces_of(logits)
         seen.update(dtype=logits.dtype, dtypes=[p.dtype for p in pieces],
                     devices=[p.device[-5:] for p in pieces])
         return logits

@@ -31,8 +31,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.training.tensor_parallel.layers import (_SHARDS, COLUMN, ROW, on_device,
-                                                    sum_partial_products)
+from tfdist.training.tensor_parallel.layers import (COLUMN, ROW, attach_pieces, on_device,
+                                                    pieces_of, sum_partial_products)
 
 
 def einsum_specs(equation):
@@ -185,13 +185,16 @@ class ShardedEinsumDense(keras.layers.Layer):
                                             initializer=self.bias_initializer)
         self.built = True
 
+    def _first_bias_position(self):
+        # Keras's bias covers the output axes from its first bias letter to the end.
+        return min(self.outputs_spec.index(letter) for letter in self.bias_axes)
+
     def _bias_shape(self):
         """The whole layer's bias shape, as `keras.layers.EinsumDense` makes it: the output
         axes from the first bias letter on, 1 where the bias does not vary."""
-        first = min(self.outputs_spec.index(letter) for letter in self.bias_axes)
         return tuple(self.full_output_shape[self._output_shape_index(letter)]
                      if letter in self.bias_axes else 1
-                     for letter in self.outputs_spec[first:])
+                     for letter in self.outputs_spec[self._first_bias_position():])
 
     def _activation_in_shards(self):
         return self.style == COLUMN and (not self.bias_axes or self.split_bias)
@@ -204,16 +207,12 @@ class ShardedEinsumDense(keras.layers.Layer):
                 output = tf.concat(pieces, axis=self._output_axis())
                 output = self._finish(output)
             if self._output_axis() == -1 and self._activation_in_shards():
-                try:
-                    setattr(output, _SHARDS, tuple(pieces))
-                except AttributeError:
-                    pass
+                attach_pieces(output, pieces)
             return output
         axis = self._input_axis()
         width = int(inputs.shape[axis]) // self.num_shards
-        given = getattr(inputs, _SHARDS, None)
-        if not (axis == -1 and isinstance(given, tuple) and len(given) == self.num_shards
-                and all(p.shape[-1] == width for p in given)):
+        given = pieces_of(inputs, self.num_shards, width) if axis == -1 else None
+        if given is None:
             given = []
             for index, device in enumerate(self.devices):
                 with tf.device(device):
@@ -254,9 +253,7 @@ class ShardedEinsumDense(keras.layers.Layer):
             self.bias.assign(np.asarray(einsum.bias))
 
     def _bias_axis(self):
-        # Keras's bias covers the output axes from its first bias letter to the end.
-        first = min(self.outputs_spec.index(letter) for letter in self.bias_axes)
-        return self.outputs_spec.index(self.letter) - first
+        return self.outputs_spec.index(self.letter) - self._first_bias_position()
 
     def gather_into(self, einsum):
         """Writes the gathered kernel (and bias) into `einsum` (the EinsumDense this layer splits).

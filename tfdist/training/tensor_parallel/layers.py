@@ -47,6 +47,39 @@ VOCABULARY = "vocabulary"
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
 
 
+def attach_pieces(output, pieces):
+    """Hands the K per-device `pieces` of a column-parallel `output` over with it, for a
+    row-parallel layer (or the vocabulary-split loss) that reads them instead of `output`.
+    Eager tensors take no attributes: then the readers slice `output` instead.
+
+    Example:
+
+    >>> attach_pieces(tf.concat(pieces, -1), pieces)
+    """
+    try:
+        setattr(output, _SHARDS, tuple(pieces))
+    except AttributeError:
+        pass
+    return output
+
+
+def pieces_of(tensor, num_pieces=None, width=None):
+    """The pieces `attach_pieces` handed over with `tensor`, or None: there must be
+    `num_pieces` of them (None: at least 2), each `width` wide on the last axis if given.
+
+    Example:
+
+    >>> pieces_of(up_output, 2, width=256)
+    """
+    pieces = getattr(tensor, _SHARDS, None)
+    if not isinstance(pieces, tuple) or len(pieces) < 2 or (
+            num_pieces is not None and len(pieces) != num_pieces):
+        return None
+    if width is not None and any(piece.shape[-1] != width for piece in pieces):
+        return None
+    return pieces
+
+
 def on_device(device, function, *inputs):
     """`function(*inputs)` computed on `device`, and its backward on `device` too.
 
@@ -231,18 +264,13 @@ class ShardedDense(keras.layers.Layer):
                   for index, device in enumerate(self.devices)]
         with tf.device(self.devices[0]):
             output = keras.ops.concatenate(pieces, axis=-1)
-        try:
-            setattr(output, _SHARDS, tuple(pieces))
-        except AttributeError:  # a tensor type without attributes: row layers slice instead
-            pass
-        return output
+        return attach_pieces(output, pieces)
 
     def _row(self, x):
         k = self.num_shards
         width = int(self.kernels[0].shape[0])
-        pieces = getattr(x, _SHARDS, None)
-        if not (isinstance(pieces, tuple) and len(pieces) == k
-                and all(p.shape[-1] == width for p in pieces)):
+        pieces = pieces_of(x, k, width)
+        if pieces is None:
             pieces = []
             for index, device in enumerate(self.devices):
                 with tf.device(device):

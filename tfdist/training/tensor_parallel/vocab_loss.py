@@ -39,19 +39,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam import set_keras_mask
-from tfdist.training.tensor_parallel.layers import _SHARDS, on_device
-
-
-def logit_pieces(y_pred):
-    """The per-device vocabulary slices a column-parallel output carries, or None.
-
-    Example:
-
-    >>> logit_pieces(split_model(x)) is None
-    False
-    """
-    pieces = getattr(y_pred, _SHARDS, None)
-    return pieces if isinstance(pieces, tuple) and len(pieces) > 1 else None
+from tfdist.training.tensor_parallel.layers import attach_pieces, on_device, pieces_of
 
 
 def vocab_parallel_token_losses(pieces, labels, label_smoothing=0.0):
@@ -131,17 +119,14 @@ class SliceKeepingLinear(keras.layers.Activation):
         return cls(name=layer.name, dtype=layer.dtype_policy, trainable=layer.trainable)
 
     def call(self, inputs):
-        pieces = logit_pieces(inputs)
+        pieces = pieces_of(inputs)
         output = tf.cast(inputs, self.compute_dtype)
         if pieces is not None:
             cast = []
             for piece in pieces:
                 with tf.device(piece.device or None):
                     cast.append(tf.cast(piece, self.compute_dtype))
-            try:
-                setattr(output, _SHARDS, tuple(cast))
-            except AttributeError:  # an eager tensor: the loss reads the whole logits
-                pass
+            attach_pieces(output, cast)  # an eager tensor takes none: the loss reads it whole
         return output
 
     def get_config(self):
@@ -181,14 +166,14 @@ class VocabParallelCrossEntropy(keras.losses.Loss):
     TensorShape([8, 16])
     """
 
-    def __init__(self, loss, **kwargs):
+    def __init__(self, loss):
         if isinstance(loss, dict):
             loss = keras.saving.deserialize_keras_object(loss)
         super().__init__(name=loss.name, reduction=loss.reduction, dtype=loss.dtype)
         self.wrapped = loss
 
     def call(self, y_true, y_pred):
-        pieces = logit_pieces(y_pred)
+        pieces = pieces_of(y_pred)
         if pieces is None:
             return self.wrapped.call(y_true, y_pred)
         labels = tf.cast(tf.convert_to_tensor(y_true), tf.int32)
