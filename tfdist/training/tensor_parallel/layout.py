@@ -313,7 +313,6 @@ def plan_shards(model, layout_map, num_shards):
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
                 else _conv_role(layer, name, variable) if _is_conv(layer)
                 else _embedding_role(layer, name, variable) if _is_embedding(layer)
-                else _einsum_role(layer, name, variable) if _is_einsum(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
             sharded[name] = {}
@@ -333,25 +332,6 @@ def _is_splittable(layer):
 
 def _is_einsum(layer):
     return type(layer) is keras.layers.EinsumDense
-
-
-def _einsum_role(layer, name, variable):
-    """`"kernel"` or `"bias"` of a splittable EinsumDense, else a `ShardLayoutError` saying why."""
-    quantized = getattr(layer, "quantization_mode", None)
-    why = next((reason for reason in (
-        _lora(layer), quantized and f"it is quantized ({quantized})",
-        _unsplit_feature(lambda feature: getattr(layer, feature, None))) if reason), None)
-    if why:
-        raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the EinsumDense layer "
-            f"{name!r}, but {why}. Remove that from the layer, or drop the layer's entries "
-            "from the layout.")
-    if variable is layer.kernel:
-        return "kernel"
-    if getattr(layer, "bias", None) is not None and variable is layer.bias:
-        return "bias"
-    raise ShardLayoutError(f"The variable {variable.path!r} of the EinsumDense layer {name!r} "
-                           "is neither its kernel nor its bias.")
 
 
 def _einsum_shard(layer, name, parent, roles, axis, num_shards):
@@ -399,16 +379,9 @@ def _is_embedding(layer):
 
 def _embedding_role(layer, name, variable):
     """`"embeddings"` of a splittable Embedding, else a `ShardLayoutError` saying why."""
-    quantized = getattr(layer, "quantization_mode", None)
-    why = next((reason for reason in (
-        _lora(layer), quantized and f"it is quantized ({quantized})",
-        *(f"it has an {feature} (not split yet)" for feature in
-          ("embeddings_regularizer", "activity_regularizer", "embeddings_constraint")
-          if getattr(layer, feature, None) is not None)) if reason), None)
-    if why:
-        raise ShardLayoutError(
-            f"The layout shards the variable {variable.path!r} of the Embedding layer {name!r}, "
-            f"but {why}. Remove that from the layer, or drop the layer's entry from the layout.")
+    _refuse_unsplit_features("Embedding", name, variable, _lora(layer), _quantized(layer),
+                             _unsplit_feature(lambda feature: getattr(layer, feature, None),
+                                              EMBEDDING_UNSPLIT_FEATURES))
     return "embeddings"
 
 
@@ -488,9 +461,13 @@ UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regulari
                     "kernel_constraint", "bias_constraint")
 
 
-def _unsplit_feature(read):
+EMBEDDING_UNSPLIT_FEATURES = ("embeddings_regularizer", "activity_regularizer",
+                              "embeddings_constraint")
+
+
+def _unsplit_feature(read, features=UNSPLIT_FEATURES):
     """Why a layer's regularizer or constraint keeps it whole (`read(name)` gives one), or None."""
-    for feature in UNSPLIT_FEATURES:
+    for feature in features:
         if read(feature) is not None:
             return f"it has a {feature} (not split yet)"
     return None
@@ -500,28 +477,39 @@ def _lora(layer):
     return "it has LoRA enabled" if getattr(layer, "lora_enabled", False) else None
 
 
-def _kernel_or_bias_role(layer, kind, name, variable, *reasons):
-    """`"kernel"` or `"bias"` of a splittable `kind` layer (Dense, Conv2D), else a
-    `ShardLayoutError` with the first of `reasons` that is not None."""
+def _quantized(layer):
+    quantized = getattr(layer, "quantization_mode", None)
+    return f"it is quantized ({quantized})" if quantized else None
+
+
+def _refuse_unsplit_features(kind, name, variable, *reasons):
+    """A `ShardLayoutError` with the first of `reasons` that is not None (a feature of the
+    `kind` layer `name` that its split would not reproduce); nothing when all are None."""
     why = next((reason for reason in reasons if reason), None)
     if why:
         raise ShardLayoutError(
             f"The layout shards the variable {variable.path!r} of the {kind} layer {name!r}, "
             f"but {why}. Remove that from the layer, or drop the layer's entries from the "
             "layout.")
+
+
+def _kernel_or_bias_role(layer, kind, name, variable, *reasons):
+    """`"kernel"` or `"bias"` of a splittable `kind` layer (Dense, EinsumDense, Conv2D), else
+    a `ShardLayoutError` with the first of `reasons` that is not None."""
+    _refuse_unsplit_features(kind, name, variable, *reasons)
     if variable is layer.kernel:
         return "kernel"
-    if layer.use_bias and variable is layer.bias:
+    if getattr(layer, "bias", None) is not None and variable is layer.bias:
         return "bias"
     raise ShardLayoutError(f"The variable {variable.path!r} of the {kind} layer {name!r} is "
                            "neither its kernel nor its bias.")
 
 
 def _dense_role(layer, name, variable):
-    """`"kernel"` or `"bias"` of a splittable Dense, else a `ShardLayoutError` saying why."""
-    quantized = getattr(layer, "quantization_mode", None)
-    return _kernel_or_bias_role(layer, "Dense", name, variable, _lora(layer),
-                                quantized and f"it is quantized ({quantized})",
+    """`"kernel"` or `"bias"` of a splittable Dense or EinsumDense, else a `ShardLayoutError`
+    saying why."""
+    return _kernel_or_bias_role(layer, type(layer).__name__, name, variable, _lora(layer),
+                                _quantized(layer),
                                 _unsplit_feature(lambda feature: getattr(layer, feature, None)))
 
 
