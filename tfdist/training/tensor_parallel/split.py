@@ -29,6 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist.distribute.introspection import num_workers
 from tfdist.seam import direct_sublayers, model_compile_config
 from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
@@ -125,14 +126,22 @@ def split_model(model, plan):
     return split
 
 
-def _linear_output_after_vocabulary_split(model, plan):
-    """The name of the model's last layer when it is a linear `Activation` (a float32
-    `logits` layer) right after a layer the plan splits by columns, else None."""
+def _output_layers(model):
+    """`(the layer computing the model's output, the linear Activation after it or None)`:
+    the last layer, looking through one trailing linear `Activation` (a float32 `logits`
+    layer); `(None, None)` for a model without layers."""
     layers = list(model.layers)
-    if len(layers) < 2 or not _is_linear_activation(layers[-1]):
-        return None
-    shard = plan.shard_of(layers[-2].name)
-    return layers[-1].name if shard is not None and shard.style == COLUMN else None
+    if len(layers) > 1 and _is_linear_activation(layers[-1]):
+        return layers[-2], layers[-1]
+    return (layers[-1] if layers else None), None
+
+
+def _linear_output_after_vocabulary_split(model, plan):
+    """The name of the model's last layer when it is a linear `Activation` right after a
+    layer the plan splits by columns, else None."""
+    head, activation = _output_layers(model)
+    shard = plan.shard_of(head.name) if activation is not None else None
+    return activation.name if shard is not None and shard.style == COLUMN else None
 
 
 def _is_linear_activation(layer):
@@ -258,13 +267,10 @@ def output_split_by_vocabulary(split):
     >>> output_split_by_vocabulary(split_model(lm, plan_with_lm_head))
     True
     """
-    layers = list(split.layers)
-    if len(split.outputs) != 1 or not layers:
+    if len(split.outputs) != 1:
         return False
-    last = layers[-1]
-    if _is_linear_activation(last) and len(layers) > 1:
-        last = layers[-2]
-    return isinstance(last, ShardedDense) and last.style == COLUMN
+    head, _ = _output_layers(split)
+    return isinstance(head, ShardedDense) and head.style == COLUMN
 
 
 def check_one_replica_per_worker(strategy, tensor_parallel):
@@ -279,8 +285,6 @@ def check_one_replica_per_worker(strategy, tensor_parallel):
 
     >>> check_one_replica_per_worker(tf.distribute.get_strategy(), 2)
     """
-    from tfdist.distribute.introspection import num_workers  # pylint: disable=import-outside-toplevel
-
     k = tensor_parallel
     name = type(strategy).__name__
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
