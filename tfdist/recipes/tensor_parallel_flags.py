@@ -78,14 +78,13 @@ def check_tensor_parallel_flags(recipe, config):
 
 
 def _finds_cluster(config):
-    """Whether `--strategy auto` finds a cluster: a TF_CONFIG of several tasks, or
-    `--cluster-resolver slurm`."""
+    """Whether `--strategy auto` finds a cluster: `--cluster-resolver slurm`, or a TF_CONFIG
+    from which the strategy factory's own rule picks a multi-worker strategy."""
     if config.cluster_resolver != "tf_config":
         return True
-    from tfdist.distribute.tf_config import parse_tf_config
+    from tfdist.distribute.strategy_factory import choose_strategy
 
-    cluster = parse_tf_config()
-    return bool(cluster) and sum(len(addresses) for addresses in cluster.cluster.values()) > 1
+    return choose_strategy(devices=1, cluster_resolver="tf_config")[0] != "one_device"
 
 
 def check_resume_degree(config, reference, backup):
