@@ -167,20 +167,37 @@ def stage_activity(lines, num_stages):
             "bubble": 1.0 - sum(busy) / (num_stages * span) if span else 0.0}
 
 
-def _make_trainer(size, num_layers, sequence_length, vocab_size, model_parallel, micro_batches,
-                  seed):
+def bench_decoder_lm(size, num_layers, sequence_length, vocab_size, seed):
+    """The model the model- and tensor-parallel benches train: the decoder LM of `size`
+    (`num_layers` blocks if given) without dropout, seeded, compiled with Adam and the masked
+    loss. Returns `(model, its TransformerConfig)`.
+
+    Example:
+
+    >>> model, config = bench_decoder_lm("tiny", None, 64, 512, seed=0)
+    >>> config.d_model
+    128
+    """
     import keras
 
     from tfdist.models import MaskedSparseCategoricalCrossentropy, build_decoder_lm
     from tfdist.models import transformer_config
-    from tfdist.training import Trainer
 
     keras.utils.set_random_seed(seed)
     overrides = {"dropout": 0.0}
     if num_layers:
         overrides["num_layers"] = num_layers
-    model = build_decoder_lm(transformer_config(size, vocab_size, sequence_length, **overrides))
+    config = transformer_config(size, vocab_size, sequence_length, **overrides)
+    model = build_decoder_lm(config)
     model.compile(keras.optimizers.Adam(1e-3), MaskedSparseCategoricalCrossentropy())
+    return model, config
+
+
+def _make_trainer(size, num_layers, sequence_length, vocab_size, model_parallel, micro_batches,
+                  seed):
+    from tfdist.training import Trainer
+
+    model, _ = bench_decoder_lm(size, num_layers, sequence_length, vocab_size, seed)
     if model_parallel == 1:
         return Trainer(model)
     return Trainer(model, model_parallel=model_parallel, micro_batches=micro_batches)

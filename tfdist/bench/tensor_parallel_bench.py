@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.pipeline_bench import cpu_model, token_dataset
+from tfdist.bench.pipeline_bench import bench_decoder_lm, cpu_model, token_dataset
 from tfdist.bench.report import print_report
 
 QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
@@ -110,18 +110,11 @@ def communication_activity(lines):
 def _make_trainer(size, num_layers, sequence_length, vocab_size, shards, seed):
     import keras
 
-    from tfdist.models import (MaskedSparseCategoricalCrossentropy, build_decoder_lm,
-                               decoder_lm_layout_map, transformer_config)
+    from tfdist.models import decoder_lm_layout_map
     from tfdist.training import Trainer
     from tfdist.training.tensor_parallel.split import shard_devices
 
-    keras.utils.set_random_seed(seed)
-    overrides = {"dropout": 0.0}
-    if num_layers:
-        overrides["num_layers"] = num_layers
-    config = transformer_config(size, vocab_size, sequence_length, **overrides)
-    model = build_decoder_lm(config)
-    model.compile(keras.optimizers.Adam(1e-3), MaskedSparseCategoricalCrossentropy())
+    model, config = bench_decoder_lm(size, num_layers, sequence_length, vocab_size, seed)
     if shards == 1:
         return Trainer(model), config
     mesh = keras.distribution.DeviceMesh((shards,), ["model"], devices=shard_devices(shards))
