@@ -22,6 +22,29 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     given `timeout` as its job deadline, and the test kills it 30 s later at
     the latest, so a hung job fails the test instead of hanging it.
     """
+    command, full_env = _launcher_command(args, workers, timeout, startup_timeout,
+                                          devices_per_worker, env, ps, grace_period)
+    return subprocess.run(command, cwd=REPO_ROOT, env=full_env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout + 30)
+
+
+def start_launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None,
+                 env=None, ps=0, grace_period=2):
+    """`launch` without waiting: the launcher's `subprocess.Popen` (text, stdout and stderr
+    merged), for a test that signals it; end it with `helpers.processes.finish`.
+
+    Example: `launcher = start_launch(["-m", "tfdist.recipes.transformer", ...])`
+    """
+    command, full_env = _launcher_command(args, workers, timeout, startup_timeout,
+                                          devices_per_worker, env, ps, grace_period)
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _launcher_command(args, workers, timeout, startup_timeout, devices_per_worker, env, ps,
+                      grace_period):
+    """`(command, environment)` of the launcher running `args` (see `launch`)."""
     command = [sys.executable, "-m", "tfdist.launch", "--workers", str(workers),
                "--timeout", str(timeout), "--startup-timeout", str(startup_timeout),
                # TF workers ignore SIGTERM; a short grace period stops a failed job sooner.
@@ -40,6 +63,4 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     full_env.update(env or {})
     for name in [name for name, value in full_env.items() if value is None]:
         del full_env[name]  # env={"NAME": None} unsets NAME
-    return subprocess.run(command + ["--"] + worker, cwd=REPO_ROOT, env=full_env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout + 30)
+    return command + ["--"] + worker, full_env

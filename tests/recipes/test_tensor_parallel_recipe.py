@@ -224,14 +224,10 @@ def test_two_workers_of_two_shards_train_like_the_whole_model_and_resume_exactly
     uninterrupted run's weights to the bit (--deterministic: the shards share the
     CPU's thread pool, whose split of a matmul otherwise varies by 1e-8)."""
     import csv
-    import os
     import signal
-    import subprocess
-    import sys
 
     from helpers.compare import assert_same_final_checkpoint
-    from helpers.mw import launch
-    from helpers.paths import REPO_ROOT
+    from helpers.mw import launch, start_launch
     from helpers.processes import finish, newest_backup, wait_for_backup
 
     flags = ["--optimizer", "sgd", "--precision", "float32", "--xla", "off", "--epochs", "1",
@@ -256,12 +252,8 @@ def test_two_workers_of_two_shards_train_like_the_whole_model_and_resume_exactly
             assert float(split[key]) == pytest.approx(float(whole[key]), rel=1e-5), key
 
     stopped = tmp_path / "stopped"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-    env.pop("TF_CONFIG", None)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--timeout", "240", "--",
-         sys.executable, *recipe(2, stopped)], cwd=REPO_ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # The grace period of a real preemption: both workers write the backup before exiting.
+    launcher = start_launch(recipe(2, stopped), workers=2, timeout=240, grace_period=30)
     wait_for_backup(launcher, stopped, after=1)  # step 20 of 60
     launcher.send_signal(signal.SIGTERM)
     code, out = finish(launcher, timeout=120)
