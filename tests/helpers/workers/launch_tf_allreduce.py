@@ -40,5 +40,19 @@ if rank == 0:
     for peer in range(1, strategy.cluster_resolver.cluster_spec().num_tasks("worker")):
         context.context().get_config_key_value(f"launch_tf_allreduce_left/{peer}", 60_000)
 else:
-    context.context().set_config_key_value(f"launch_tf_allreduce_left/{rank}", "1")
+    # A busy machine can drop the gRPC connection to task 0 for a moment ("Socket closed",
+    # UnavailableError) while task 0 is still waiting for this key: try again until a deadline.
+    import time  # noqa: E402
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            context.context().set_config_key_value(f"launch_tf_allreduce_left/{rank}", "1")
+            break
+        except tf.errors.AlreadyExistsError:  # an earlier try got through, its reply did not
+            break
+        except tf.errors.UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 os._exit(0)
