@@ -7,7 +7,8 @@ that). The plugin's own `--markdown-docs` switch is not used: it would also
 import every .py file under tests/ (worker scripts included) to search their
 docstrings, which changes what tests/ collects.
 
-It also sets how many pytest-xdist workers `-n auto` (setup.cfg) starts.
+It also sets how many pytest-xdist workers `-n auto` (setup.cfg) starts, and
+the order in which they are handed the test files.
 """
 
 import os
@@ -37,6 +38,34 @@ def pytest_xdist_auto_num_workers(config):
     share the same memory bandwidth and stretch the tests' deadlines."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return min(MAX_TEST_WORKERS, usable or 1)
+
+
+HEAVY_MARKERS = ("slow", "multiworker")
+
+
+def heavy_tests_per_file(items):
+    """{file: how many of its tests carry a HEAVY_MARKERS mark}."""
+    counts = {}
+    for item in items:
+        heavy = any(item.get_closest_marker(name) for name in HEAVY_MARKERS)
+        counts[item.path] = counts.get(item.path, 0) + int(heavy)
+    return counts
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most slow or multi-worker tests first (each file's tests in their order).
+
+    pytest-xdist hands whole files to its workers (`--dist loadfile`) in
+    collection order (`--no-loadscope-reorder`, setup.cfg). Longest first
+    keeps both workers busy to the end: with the long end-to-end files last,
+    one worker would run them alone while the other sat idle.
+    """
+    del config
+    counts = heavy_tests_per_file(items)
+    first_seen = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.path, index)
+    items.sort(key=lambda item: (-counts[item.path], first_seen[item.path]))
 
 
 def pytest_collect_file(file_path, parent):
