@@ -119,17 +119,24 @@ def test_quick_report_writes_table_json_and_plot(tmp_path):
 def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path, cpu_flags,
                                                                 auto_precision, auto_xla,
                                                                 profile):
+    goals = not profile  # each adds contenders: one run each keeps the suite short
     path = tmp_path / "engine.json"
     result = _run(["engine", "--quick", "--same-xla", "off", "--json-out", str(path)]
-                  + (["--profile", str(tmp_path / "profiles")] if profile else []),
+                  + (["--profile", str(tmp_path / "profiles")] if profile else [])
+                  + (["--goals"] if goals else []),
                   cpu_flags=cpu_flags)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "same settings (float32, XLA off, strategy default): tfdist / keras fit:" in result.stdout
     assert "defaults vs defaults: tfdist / keras fit:" in result.stdout
     report = json.loads(path.read_text())
     labels = [c["label"] for c in report["comparisons"]]
-    assert labels[-1] == "defaults vs defaults: tfdist / keras fit"
-    defaults = report["comparisons"][-1]
+    defaults = next(c for c in report["comparisons"]
+                    if c["label"] == "defaults vs defaults: tfdist / keras fit")
+    if goals:
+        _check_goals(report, result.stdout)
+    else:
+        assert "goals" not in report and "speed goals" not in result.stdout
+        assert labels[-1] == defaults["label"]
     # Keras's defaults resolve to the same run as the float32, XLA off pair on a
     # CPU-only machine (compile's jit_compile="auto" is off there): measured once.
     assert defaults["denominator"] == "keras fp32 xla-off"
@@ -165,6 +172,30 @@ def test_quick_engine_comparison_prints_ratios_and_writes_json(tmp_path, cpu_fla
             assert "| step: data " in gap and ", elementwise " in gap
         else:
             assert "step_shares" not in figures and "compute" in gap
+
+
+def _check_goals(report, out):
+    """--goals on the described AVX2 CPU: Keras fit with Keras's loss at float32 (the
+    one precision autotune tries there), XLA off and on; the goal's denominator is
+    the fastest of them (the settings on other CPUs: test_bench_goals.py)."""
+    keras_best = {name: figures for name, figures in report["contenders"].items()
+                  if name.endswith("keras-loss")}
+    assert sorted((f["precision"], f["xla"]) for f in keras_best.values()) == [
+        ("float32", False), ("float32", True)], keras_best
+    assert all(f["engine"] == "keras" and f["loss"] == "keras" for f in keras_best.values())
+    assert report["contenders"]["tfdist defaults"]["loss"] == "recipe"
+    goal = next(c for c in report["comparisons"] if c["label"].startswith("goal: "))
+    assert goal["denominator"] == max(keras_best, key=lambda n: keras_best[n]["examples_per_sec"])
+    assert goal["numerator"] == "tfdist defaults"
+    throughput, mfu = report["goals"]
+    assert throughput["value"] == goal["ratio"] and throughput["target"] == 1.4
+    assert throughput["met"] == (goal["ratio"] >= 1.4)
+    defaults = report["contenders"]["tfdist defaults"]
+    assert mfu["value"] == defaults["mfu_vs_fastest_peak"]
+    assert mfu["target"] is None and mfu["met"] is None  # no goal for the quick tiny model
+    assert "TFDIST_CPU_FLAGS" in report["goals_cpu"]
+    assert "speed goals on this CPU (" in out
+    assert f"throughput vs keras fit: {goal['ratio']:.2f}x, goal >= 1.40x: " in out
 
 
 @pytest.mark.slow

@@ -162,6 +162,12 @@ def engine_parser():
     parser.add_argument("--no-input-share", action="store_true",
                         help="skip the rounds on one batch replayed from memory (they measure "
                              "the input-wait share and double the measuring time)")
+    parser.add_argument("--goals", action="store_true",
+                        help="also time Keras fit with Keras's standard loss at every setting "
+                             "autotune would try here (precisions x XLA off/on) and judge the "
+                             "speed goals on this CPU: tfdist's defaults >= 1.4x Keras's best, "
+                             "and MFU vs the fastest matmul peak (small 60%%, base 75%%, "
+                             "resnet_tiny 35%%)")
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model, 1 round of 2 steps (for tests)")
@@ -260,11 +266,16 @@ def run_engine_command(argv):
         rounds, steps, warmup = args.rounds, args.steps, args.warmup_steps
     report = compare_engines(workload, args.batch if not args.quick else 8,
                              strategy=args.strategy, devices=args.devices,
-                             same_xla=args.same_xla, rounds=rounds, steps=steps,
+                             same_xla=args.same_xla, goals=args.goals, rounds=rounds,
+                             steps=steps,
                              warmup_steps=warmup, log=print, profile_dir=args.profile,
                              input_share=not args.no_input_share,
                              peak_size=QUICK_SIZE if args.quick else None)
     print(format_comparison(report, TITLE))
+    if args.goals:
+        from tfdist.bench.goals import format_goals
+
+        print(format_goals(report["goals"], report["goals_cpu"]))
     if args.json_out:
         write_json(args.json_out, report)
         print(f"Wrote {args.json_out}")

@@ -189,8 +189,8 @@ def build_entrants(entrants, workload, global_batch_size, seed=0, log=None):
             unsupported[entrant.name] = f"{type(error).__name__}: {error}"
             log(f"  {entrant.name}: not supported here ({unsupported[entrant.name][:200]})")
             continue
-        identity = (entrant.setting.engine, contender.strategy_name, entrant.devices,
-                    contender.policy, contender.jit_compile)
+        identity = (entrant.setting.engine, entrant.setting.loss, contender.strategy_name,
+                    entrant.devices, contender.policy, contender.jit_compile)
         if identity in keys:
             alias[entrant.name] = keys[identity]
             continue
@@ -248,7 +248,9 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
     Args:
         entrants: a list of `Entrant`s (unique names).
         comparisons: a list of `(label, numerator entrant, denominator
-            entrant)`; the ratio is numerator / denominator throughput.
+            entrant)`; the ratio is numerator / denominator throughput. The
+            denominator may be a tuple of entrants: the fastest of them
+            measured (`fastest_of`).
         workload: a `tfdist.bench.workloads.Workload`.
         global_batch_size: examples per step.
         rounds: alternating rounds, >= 1.
@@ -301,7 +303,7 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
     if len(set(names)) != len(names):
         raise ValueError(f"Entrant names must be unique, got {names}.")
     for label, a, b in comparisons:
-        if a not in names or b not in names:
+        if a not in names or not set(_as_tuple(b)) <= set(names):
             raise ValueError(f"Comparison {label!r} names {a!r} and {b!r}; entrants are {names}.")
     log = log or (lambda line: None)
     monitor = LoadMonitor().start()
@@ -353,7 +355,8 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
         precision, flops = fig.fastest_peak(peaks)
         report["fastest_peak"] = {"precision": precision, "flops_per_sec": flops}
     report["comparisons"] = [
-        _comparison(label, alias.get(a, a), alias.get(b, b), results, summaries, unsupported)
+        _comparison(label, alias.get(a, a), fastest_of(b, alias, summaries), results, summaries,
+                    unsupported)
         for label, a, b in comparisons]
     if profiles:
         report["profiles"] = profiles
@@ -363,6 +366,36 @@ def run_comparison(entrants, comparisons, workload, global_batch_size, *, rounds
                                                entrants[0].name)
     report["load"] = monitor.stop()
     return report
+
+
+def _as_tuple(names):
+    return names if isinstance(names, tuple) else (names,)
+
+
+def fastest_of(names, alias, summaries):
+    """The measured contender behind `names` (one entrant name, or a tuple of
+    them meaning "the fastest of these") with the highest examples/s.
+
+    Args:
+        names: an entrant name or a tuple of entrant names.
+        alias: `{entrant name: measured contender name}` (`build_entrants`).
+        summaries: `{contender name: figures}` of the measured ones.
+
+    Returns:
+        A contender name; the first of `names` when none was measured (the
+        comparison then reports it as not measured).
+
+    Example:
+
+    >>> fastest_of(("a", "b"), {"a": "a", "b": "b"},
+    ...            {"a": {"examples_per_sec": 9.0}, "b": {"examples_per_sec": 12.0}})
+    'b'
+    """
+    measured = [alias.get(n, n) for n in _as_tuple(names) if alias.get(n, n) in summaries]
+    if not measured:
+        first = _as_tuple(names)[0]
+        return alias.get(first, first)
+    return max(measured, key=lambda name: summaries[name]["examples_per_sec"])
 
 
 def _comparison(label, a, b, results, summaries, unsupported):

@@ -63,7 +63,7 @@ def engine_entrants(strategy="default", devices=None, same_xla=("off", "on")):
 
 
 def compare_engines(workload, global_batch_size, *, strategy="default", devices=None,
-                    same_xla=("off", "on"), rounds=6, steps=3, warmup_steps=2, seed=0,
+                    same_xla=("off", "on"), goals=False, rounds=6, steps=3, warmup_steps=2, seed=0,
                     measure_peaks=True, profile_dir=None, input_share=True, peak_size=None,
                     reference_peaks=REFERENCE_PEAKS, log=None):
     """Runs the engine benchmark; returns a `run_comparison` report.
@@ -72,6 +72,9 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
         workload: a `tfdist.bench.workloads.Workload`.
         global_batch_size: examples per step.
         strategy, devices, same_xla: see `engine_entrants`.
+        goals: also measure Keras `fit` at each setting its best is chosen
+            from, with Keras's standard loss, and add the speed-goal
+            comparison (`tfdist.bench.goals`); the report then has `goals`.
         rounds, steps, warmup_steps, seed, measure_peaks, profile_dir, input_share,
             peak_size, reference_peaks, log: see
             `tfdist.bench.compare.run_comparison` (here the input-wait share
@@ -84,8 +87,20 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
     [1.02, 0.99, 1.41]
     """
     entrants, comparisons = engine_entrants(strategy, devices, same_xla)
-    return run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
-                          steps=steps, warmup_steps=warmup_steps, seed=seed,
-                          measure_peaks=measure_peaks, profile_dir=profile_dir,
-                          input_share=input_share, peak_size=peak_size,
-                          reference_peaks=reference_peaks, log=log)
+    if goals:
+        from tfdist.bench.goals import goal_entrants
+
+        keras_best, goal = goal_entrants()
+        entrants += keras_best
+        comparisons.append(goal)
+    report = run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
+                            steps=steps, warmup_steps=warmup_steps, seed=seed,
+                            measure_peaks=measure_peaks, profile_dir=profile_dir,
+                            input_share=input_share, peak_size=peak_size,
+                            reference_peaks=reference_peaks, log=log)
+    if goals:
+        from tfdist.bench.goals import describe_cpu, evaluate_goals
+
+        report["goals"] = evaluate_goals(report, workload)
+        report["goals_cpu"] = describe_cpu()
+    return report

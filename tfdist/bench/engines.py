@@ -22,6 +22,10 @@ from tfdist.runtime.argtypes import check_int_at_least
 
 ENGINES = ("tfdist", "keras")
 XLA_CHOICES = ("on", "off", "auto")
+LOSSES = ("recipe", "keras")
+"""`recipe`: the recipe's own loss and metrics; `keras`: the standard Keras
+loss and accuracy a Keras user writes for the same task
+(`Workload.keras_standard_loss`)."""
 INPUTS = ("pipeline", "memory")
 """`pipeline`: tfdist's input pipeline; `memory`: its first batch replayed
 from memory (no input work), for the input-wait share."""
@@ -39,6 +43,8 @@ class Setting:
         xla: "on", "off" or "auto". For tfdist, auto is the recipes'
             `resolve_xla`; for Keras, `compile(jit_compile="auto")`, resolved
             by Keras (off on CPU-only machines and under any strategy).
+        loss: "recipe" (the recipe's loss and metrics) or "keras" (the
+            standard Keras loss and accuracy for the task; see `LOSSES`).
 
     Raises:
         ValueError: a value outside the allowed ones (which are named).
@@ -47,18 +53,22 @@ class Setting:
 
     >>> Setting("keras", "float32", "auto").label
     'keras fit, float32, XLA auto'
+    >>> Setting("keras", "mixed_bfloat16", "off", loss="keras").label
+    "keras fit, mixed_bfloat16, XLA off, Keras's loss"
     """
 
     engine: str = "tfdist"
     precision: str = "float32"
     xla: str = "off"
+    loss: str = "recipe"
 
     def __post_init__(self):
         from tfdist.precision import PRECISIONS
 
         for name, value, allowed in (("engine", self.engine, ENGINES),
                                      ("precision", self.precision, PRECISIONS),
-                                     ("xla", self.xla, XLA_CHOICES)):
+                                     ("xla", self.xla, XLA_CHOICES),
+                                     ("loss", self.loss, LOSSES)):
             if value not in allowed:
                 raise ValueError(f"Setting {name}={value!r} is not allowed; choose one of "
                                  f"{', '.join(allowed)}.")
@@ -67,7 +77,8 @@ class Setting:
     def label(self):
         """A short label, e.g. 'tfdist, mixed_bfloat16, XLA off' (see the class example)."""
         engine = "keras fit" if self.engine == "keras" else "tfdist"
-        return f"{engine}, {self.precision}, XLA {self.xla}"
+        loss = ", Keras's loss" if self.loss == "keras" else ""
+        return f"{engine}, {self.precision}, XLA {self.xla}{loss}"
 
 
 class Contender:
@@ -153,6 +164,9 @@ class Contender:
                     built.prepare_optimizer(optimizer)
                 self.flops_per_example = built.flops_per_example
                 self.model = built.model
+                loss, metrics = built.loss, built.metrics
+                if setting.loss == "keras":
+                    loss, metrics = workload.keras_standard_loss()
                 if setting.engine == "tfdist":
                     jit, reason = resolve_xla(setting.xla, self.policy, on_gpu=gpu_count() > 0)
                     if jit and built.xla_blocker:
@@ -160,13 +174,13 @@ class Contender:
                             raise ValueError(f"XLA on is not possible for this model: "
                                              f"{built.xla_blocker}.")
                         jit, reason = False, f"auto: {built.xla_blocker}"
-                    self.trainer = Trainer(built.model, optimizer, built.loss, built.metrics,
+                    self.trainer = Trainer(built.model, optimizer, loss, metrics,
                                            strategy=strategy, jit_compile=jit)
                     self.jit_compile, self.xla_reason = jit, reason
                 else:
                     jit = {"on": True, "off": False, "auto": "auto"}[setting.xla]
-                    built.model.compile(optimizer=optimizer, loss=built.loss,
-                                        metrics=built.metrics, jit_compile=jit)
+                    built.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
+                                        jit_compile=jit)
                     self.trainer = None
                     self.jit_compile = bool(built.model.jit_compile)
                     self.xla_reason = ("Keras compile(jit_compile='auto') resolved it"
@@ -226,7 +240,8 @@ class Contender:
         >>> Contender(Setting("tfdist", "auto", "auto"), workload, strategy, 32).describe()["xla"]
         True
         """
-        return {"engine": self.setting.engine, "precision_asked": self.setting.precision,
+        return {"engine": self.setting.engine, "loss": self.setting.loss,
+                "precision_asked": self.setting.precision,
                 "precision": self.policy, "precision_reason": self.precision_reason,
                 "xla_asked": self.setting.xla, "xla": bool(self.jit_compile),
                 "xla_reason": self.xla_reason}

@@ -268,6 +268,36 @@ class Workload:
                                       data.info["image_size"], sync_bn=settings.sync_bn,
                                       label_smoothing=settings.label_smoothing)
 
+    def keras_standard_loss(self):
+        """The loss and accuracy a Keras user writes for this task: `(loss, metrics)`.
+
+        The Transformer's is `SparseCategoricalCrossentropy(from_logits=True,
+        ignore_class=PAD_ID)` with `SparseCategoricalAccuracy`; the CNN's the
+        same loss without `ignore_class`. Speed goals are set against Keras
+        `fit` with these (the recipes' own losses are faster).
+
+        Raises:
+            ValueError: label smoothing in `recipe_flags` (Keras's sparse
+                cross-entropy has none; the recipe's own loss has it).
+
+        Example:
+
+        >>> loss, metrics = Workload("transformer").keras_standard_loss()
+        >>> loss.ignore_class, metrics[0].name
+        (0, 'accuracy')
+        """
+        import keras
+
+        from tfdist.data.tokens import PAD_ID
+
+        if self.model == "cnn" and self.settings().label_smoothing:
+            raise ValueError("Keras's SparseCategoricalCrossentropy has no label smoothing; "
+                             "drop --label-smoothing from the recipe flags to compare with "
+                             "Keras's standard loss.")
+        ignore = {"ignore_class": PAD_ID} if self.model == "transformer" else {}
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, **ignore)
+        return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
     def build_optimizer(self, global_batch_size, total_steps=1000):
         """The recipe's optimizer and schedule (call inside the strategy scope).
 

@@ -1,0 +1,190 @@
+"""The speed goals `tfdist bench engine --goals` measures on the CPU at hand.
+
+Both goals are measured in the engine benchmark's one process, in
+alternating rounds, as ratios (never as absolute speeds):
+
+* **throughput**: the recipe's defaults (`--strategy/--precision/--xla
+  auto`) train at least `RATIO_GOAL` times as many examples per second as
+  Keras `fit` at its best setting, with Keras's standard loss and accuracy
+  (`Workload.keras_standard_loss`). "Best" is the fastest, in the same
+  rounds, of every precision tfdist's autotune would try on this machine,
+  each with XLA off and on;
+* **MFU**: the defaults' model FLOP/s reach at least `MFU_GOALS[(model,
+  size)]` of the same-run matmul peak of the machine's fastest precision.
+
+Example:
+
+    entrants, comparison = goal_entrants(cpu_flags={"avx2", "avx512_bf16"})
+    # ... run_comparison(entrants + ..., [comparison, ...], workload, 32)
+    for goal in evaluate_goals(report, workload):
+        print(goal["goal"], goal["met"])
+"""
+
+from tfdist.bench.compare import Entrant
+from tfdist.bench.engines import Setting
+
+RATIO_GOAL = 1.4
+"""tfdist's defaults / Keras fit's best setting with Keras's loss."""
+
+MFU_GOALS = {("transformer", "small"): 0.60, ("transformer", "base"): 0.75,
+             ("cnn", "resnet_tiny"): 0.35}
+"""MFU of tfdist's defaults against the fastest same-run matmul peak, by (model, size)."""
+
+GOAL_LABEL = "goal: tfdist defaults / keras fit's best setting with Keras's loss"
+DEFAULTS = "tfdist defaults"
+"""The engine benchmark's entrant for the recipe's defaults."""
+
+_SHORT = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
+
+
+def keras_best_candidates(cpu_flags, gpu_capabilities=()):
+    """The Keras `fit` settings whose fastest is "Keras's best": `Setting`s with Keras's loss.
+
+    The precisions are those tfdist's autotune would try on this hardware
+    (`tfdist.autotune.candidates.candidate_precisions`), each with XLA off
+    and on.
+
+    Args:
+        cpu_flags: the CPU's feature flags (`tfdist.precision.cpu_flags`).
+        gpu_capabilities: `(major, minor)` of each GPU (none: CPU only).
+
+    Example:
+
+    >>> [s.label for s in keras_best_candidates({"avx2"})]
+    ["keras fit, float32, XLA off, Keras's loss", "keras fit, float32, XLA on, Keras's loss"]
+    """
+    from tfdist.autotune.candidates import candidate_precisions
+
+    policies, _ = candidate_precisions("auto", bool(gpu_capabilities), gpu_capabilities,
+                                       cpu_flags)
+    return [Setting("keras", policy, xla, loss="keras") for policy in policies
+            for xla in ("off", "on")]
+
+
+def goal_entrants(cpu_flags=None, gpu_capabilities=None):
+    """The Keras-best entrants and the goal comparison to add to the engine benchmark.
+
+    Args:
+        cpu_flags, gpu_capabilities: the hardware (default: this machine's,
+            `tfdist.autotune.tune.machine_hardware`, which honours
+            `TFDIST_CPU_FLAGS`).
+
+    Returns:
+        `(entrants, comparison)`: `Entrant`s (a precision other than float32
+        is optional: reported as unsupported if it fails here), and
+        `(GOAL_LABEL, DEFAULTS, names of the entrants)`, whose denominator is
+        the fastest of them (`tfdist.bench.compare.fastest_of`).
+
+    Example:
+
+    >>> entrants, (label, ours, theirs) = goal_entrants({"avx2"}, [])
+    >>> theirs
+    ('keras fp32 xla-off keras-loss', 'keras fp32 xla-on keras-loss')
+    """
+    if cpu_flags is None or gpu_capabilities is None:
+        from tfdist.autotune.tune import machine_hardware
+
+        flags, capabilities = machine_hardware()
+        cpu_flags = flags if cpu_flags is None else cpu_flags
+        gpu_capabilities = capabilities if gpu_capabilities is None else gpu_capabilities
+    entrants = [Entrant(f"keras {_SHORT.get(s.precision, s.precision)} xla-{s.xla} keras-loss",
+                        s, "default", optional=s.precision != "float32")
+                for s in keras_best_candidates(cpu_flags, gpu_capabilities)]
+    return entrants, (GOAL_LABEL, DEFAULTS, tuple(e.name for e in entrants))
+
+
+def evaluate_goals(report, workload):
+    """Each goal's measured value against its target, from an engine report.
+
+    Args:
+        report: a `run_comparison` report holding the `GOAL_LABEL` comparison.
+        workload: its `Workload` (the MFU goal depends on the model and size).
+
+    Returns:
+        A list of dicts: `goal`, `value` (None when not measured), `target`
+        (None when no goal is set for this model size), `met` (True, False,
+        or None when either is missing) and `detail`.
+
+    Raises:
+        ValueError: the report has no goal comparison (run with `--goals`).
+
+    Example:
+
+    >>> [(g["goal"], g["met"]) for g in evaluate_goals(report, Workload("transformer"))]
+    [('throughput vs keras fit', False), ('MFU vs fastest peak', False)]
+    """
+    comparison = next((c for c in report["comparisons"] if c["label"] == GOAL_LABEL), None)
+    if comparison is None:
+        raise ValueError(f"The report has no {GOAL_LABEL!r} comparison; run the engine "
+                         f"benchmark with --goals.")
+    goals = []
+    measured = "error" not in comparison
+    ratio = comparison["ratio"] if measured else None
+    goals.append(_goal("throughput vs keras fit", ratio, RATIO_GOAL,
+                       f"{comparison['numerator']} / {comparison['denominator']}"
+                       if measured else f"not measured: {comparison['error'][:160]}"))
+    figures = report["contenders"].get(comparison["numerator"], {})
+    mfu = figures.get("mfu_vs_fastest_peak")
+    target = MFU_GOALS.get((workload.model, workload.size))
+    if mfu is None:
+        detail = "not measured (no matmul peak or model FLOPs)"
+    else:
+        detail = (f"{comparison['numerator']} vs the {figures['fastest_peak_precision']} peak "
+                  f"{figures['fastest_peak_flops_per_sec'] / 1e9:.1f} GFLOP/s")
+    if target is None:
+        detail += (f"; no MFU goal for {workload.model} {workload.size} (goals: "
+                   + ", ".join(f"{m} {s}" for m, s in MFU_GOALS) + ")")
+    goals.append(_goal("MFU vs fastest peak", mfu, target, detail))
+    return goals
+
+
+def _goal(name, value, target, detail):
+    met = None if value is None or target is None else value >= target
+    return {"goal": name, "value": value, "target": target, "met": met, "detail": detail}
+
+
+def format_goals(goals, cpu_description):
+    """The goal lines of the engine benchmark's output.
+
+    Args:
+        goals: what `evaluate_goals` returns.
+        cpu_description: the CPU they were measured on (name and flags).
+
+    Example:
+
+    >>> print(format_goals(goals, "Intel Xeon (amx_bf16)"))
+    speed goals on this CPU (Intel Xeon (amx_bf16)):
+      throughput vs keras fit: 1.21x, goal >= 1.40x: NOT MET (tfdist defaults / ...)
+      MFU vs fastest peak: 14.3%, goal >= 60%: NOT MET (...)
+    """
+    lines = [f"  speed goals on this CPU ({cpu_description}):"]
+    for goal in goals:
+        percent = goal["goal"].startswith("MFU")
+        value = ("not measured" if goal["value"] is None else
+                 f"{100 * goal['value']:.1f}%" if percent else f"{goal['value']:.2f}x")
+        target = ("no goal" if goal["target"] is None else
+                  f"goal >= {100 * goal['target']:.0f}%" if percent
+                  else f"goal >= {goal['target']:.2f}x")
+        verdict = {True: "met", False: "NOT MET", None: "not judged"}[goal["met"]]
+        lines.append(f"    {goal['goal']}: {value}, {target}: {verdict} ({goal['detail']})")
+    return "\n".join(lines)
+
+
+def describe_cpu():
+    """This CPU's model name and its flags that decide the precisions, e.g.
+    'Intel(R) Xeon(R) Processor (amx_bf16 avx512_bf16 avx2)'.
+
+    Example:
+
+    >>> describe_cpu()  # doctest: +SKIP
+    'AMD EPYC 9B14 (avx512_bf16 avx2)'
+    """
+    import os
+
+    from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name
+
+    shown = " ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+                     if f in cpu_flags()) or "no AVX2"
+    if CPU_FLAGS_ENV in os.environ:
+        shown = f"flags as {CPU_FLAGS_ENV} describes them: {shown}"
+    return f"{cpu_model_name()} ({shown})"
