@@ -10,7 +10,8 @@ Example:
 
 import numbers
 
-from tfdist.models.layers import GELU_FORMS, POSITION_EMBEDDINGS
+from tfdist.models.activations import GELU_FORMS
+from tfdist.models.layers import POSITION_EMBEDDINGS
 
 
 def is_int(value):

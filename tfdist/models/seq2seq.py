@@ -26,8 +26,8 @@ import keras
 from keras import ops
 
 from tfdist.models.config_checks import check_transformer_fields, is_int
-from tfdist.models.layers import (GELU_FORMS, POSITION_EMBEDDINGS, PaddingMask,
-                                  sinusoidal_position_table)
+from tfdist.models.activations import GELU_FORMS
+from tfdist.models.layers import POSITION_EMBEDDINGS, PaddingMask, sinusoidal_position_table
 
 _INT_FIELDS = ("source_vocab_size", "target_vocab_size", "source_max_len", "target_max_len",
                "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads", "d_ff")

@@ -1,0 +1,65 @@
+"""The feed-forward GELUs of tfdist's Transformers, each compiled with XLA on its own.
+
+GELU is a chain of element-wise ops (a multiply, `Erfc` or `Tanh`, another
+multiply) whose gradient adds `Square`, `Exp` and more multiplies. Run as
+TensorFlow ops, each is a full pass over the `[batch, seq, d_ff]`
+activations, and in bfloat16 each converts every element on its own: in a
+bfloat16 training step of the `small` Transformer on an AMX CPU these
+passes took 17% of the op time. Compiled by XLA (`jit_compile=True`) the
+forward is one fused loop and so is the backward, with the rest of the step
+left to TensorFlow's kernels (whose bfloat16 matmuls are the fast ones).
+
+The functions are the same GELUs as `keras.activations.gelu`; the compiled
+loop may round differently in the last bit (within one bfloat16 ulp and
+1e-6 in float32, tested). Inside a step that is XLA-compiled as a whole
+they are simply part of it.
+
+Example:
+
+    layer = keras.layers.Dense(1024, activation=gelu_exact)   # or gelu_tanh
+"""
+
+import keras
+import tensorflow as tf
+
+
+def _gelu(x, approximate):
+    return keras.activations.gelu(x, approximate=approximate)
+
+
+_compiled_exact = tf.function(lambda x: _gelu(x, False), jit_compile=True)
+_compiled_tanh = tf.function(lambda x: _gelu(x, True), jit_compile=True)
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+def gelu_exact(x):
+    """The exact (erf) GELU, `x * Phi(x)`, compiled with XLA on its own.
+
+    Example:
+
+    >>> float(gelu_exact(tf.constant(1.0)))  # 1 * Phi(1)
+    0.8413447141647339
+    """
+    return _compiled_exact(tf.convert_to_tensor(x))
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+def gelu_tanh(x):
+    """GELU with the tanh approximation (Hendrycks & Gimpel 2016), as GPT-2 uses,
+    compiled with XLA on its own.
+
+    Within 1e-3 of the exact (erf) form. Before compilation it was the
+    cheaper one: one forward and backward over a [32, 128, 1024] bfloat16
+    tensor took 12.6 ms vs 17.0 ms for the exact form on a 2-core AMD EPYC
+    (TF 2.21); compiled, both are one fused loop each way.
+
+    Example:
+
+    >>> float(gelu_tanh(tf.constant(1.0)))  # exact: 0.8413
+    0.8411920070648193
+    """
+    return _compiled_tanh(tf.convert_to_tensor(x))
+
+
+GELU_FORMS = {"exact": gelu_exact, "tanh": gelu_tanh}
+"""The feed-forward activation of each `gelu=` value of tfdist's Transformer blocks."""
