@@ -1,5 +1,5 @@
-"""The XLA-compiled feed-forward GELUs (`tfdist.models.activations`): the same
-functions as Keras's, compiled on their own, and saved and loaded by name."""
+"""The feed-forward GELUs (`tfdist.models.activations`): the exact one compiled with
+XLA on its own, both as close to the true GELU as Keras's, saved and loaded by name."""
 
 import keras
 import numpy as np
@@ -37,7 +37,7 @@ def _value_and_gradient(function, x, weights):
 @pytest.mark.parametrize("ours, approximate", [(gelu_exact, False), (gelu_tanh, True)],
                          ids=["exact", "tanh"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_compiled_gelu_is_as_close_to_the_true_gelu_as_keras_gelu(ours, approximate, dtype):
+def test_the_gelus_are_as_close_to_the_true_gelu_as_keras_gelu(ours, approximate, dtype):
     """Value and gradient: within float32 rounding of the float64 truth, and no
     further from it than Keras's own GELU (within 5%: both end with one bfloat16
     rounding; Keras's also rounds after each of its ops, the compiled loop once)."""
