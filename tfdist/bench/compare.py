@@ -442,7 +442,7 @@ def _pct(share):
     return f"{100 * share:.0f}%"
 
 
-def gap_line(name, figures):
+def gap_line(name, figures, width=24):
     """One line of how far a contender is from the hardware limit.
 
     MFU against the same-run matmul peak of its own precision and against
@@ -456,6 +456,7 @@ def gap_line(name, figures):
             `precision`, `mfu_vs_fastest_peak`, `fastest_peak_precision`,
             `fastest_peak_flops_per_sec`, `input_wait_share`, `step_shares`;
             any may be missing).
+        width: the name's column width (the longest name of the report).
 
     Example:
 
@@ -474,7 +475,7 @@ def gap_line(name, figures):
         parts.append(f"{100 * figures['mfu_vs_fastest_peak']:.1f}% vs fastest peak "
                      f"({figures['fastest_peak_precision']} "
                      f"{figures['fastest_peak_flops_per_sec'] / 1e9:.1f} GFLOP/s)")
-    line = f"  {name:<24} " + (", ".join(parts) if parts else "MFU not measured")
+    line = f"  {name:<{width}} " + (", ".join(parts) if parts else "MFU not measured")
     shares = figures.get("step_shares")
     if shares:
         line += " | step: " + ", ".join(f"{part} {_pct(shares[part])}" for part in fig.STEP_SHARES)
@@ -500,14 +501,15 @@ def format_comparison(report, title):
     for policy, peak in report["peaks"].items():
         lines.append(f"  matmul peak {policy}: {peak / 1e9:.1f} GFLOP/s "
                      f"({report['peak_matmul_size']}x{report['peak_matmul_size']}, same run)")
+    width = max([24] + [len(name) for name in [*report["contenders"], *report["unsupported"]]])
     for name, s in report["contenders"].items():
         tokens = f", {s['tokens_per_sec']:,.0f} tokens/s" if "tokens_per_sec" in s else ""
         mfu = f", MFU {100 * s['mfu']:.1f}%" if "mfu" in s else ""
-        lines.append(f"  {name:<24} {s['examples_per_sec']:8.1f} examples/s{tokens}, step p50 "
+        lines.append(f"  {name:<{width}} {s['examples_per_sec']:8.1f} examples/s{tokens}, step p50 "
                      f"{s['step_time_p50_ms']:.0f} ms{mfu}  [{s['strategy']}, {s['precision']}, "
                      f"XLA {'on' if s['xla'] else 'off'}: {s['xla_reason']}]")
     for name, error in report["unsupported"].items():
-        lines.append(f"  {name:<24} unsupported: {error[:160]}")
+        lines.append(f"  {name:<{width}} unsupported: {error[:160]}")
     for c in report["comparisons"]:
         if "error" in c:
             lines.append(f"  {c['label']}: not measured ({c['error'][:160]})")
@@ -532,7 +534,7 @@ def format_comparison(report, title):
                  f"{report['profile_input']})" if report.get("profiles") else "")
         lines.append("  gap to the hardware limit (MFU vs the same-run matmul peak of its own "
                      f"precision and of the fastest one; shares of the step time{split}):")
-        lines += [gap_line(name, s) for name, s in report["contenders"].items()]
+        lines += [gap_line(name, s, width) for name, s in report["contenders"].items()]
     load = report.get("load") or {}
     if load:
         lines.append(f"  machine load: other processes used {100 * load['others_share']:.0f}% of "
