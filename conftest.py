@@ -62,10 +62,7 @@ def pytest_collection_modifyitems(config, items):
     """
     del config
     counts = heavy_tests_per_file(items)
-    first_seen = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(item.path, index)
-    items.sort(key=lambda item: (-counts[item.path], first_seen[item.path]))
+    items.sort(key=lambda item: -counts[item.path])  # stable: files stay whole and in order
 
 
 def pytest_collect_file(file_path, parent):
