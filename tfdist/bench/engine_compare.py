@@ -17,6 +17,7 @@ Example:
 
 from tfdist.bench.compare import REFERENCE_PEAKS, Entrant, run_comparison
 from tfdist.bench.engines import Setting
+from tfdist.bench.goals import DEFAULTS, describe_cpu, evaluate_goals, goal_entrants
 
 TITLE = "tfdist engine vs Keras fit"
 
@@ -55,9 +56,9 @@ def engine_entrants(strategy="default", devices=None, same_xla=("off", "on")):
                      Entrant(theirs, Setting("keras", "float32", xla), strategy, devices)]
         comparisons.append((f"same settings (float32, XLA {xla}, {where}): tfdist / keras fit",
                             ours, theirs))
-    entrants += [Entrant("tfdist defaults", Setting("tfdist", "auto", "auto"), "auto"),
+    entrants += [Entrant(DEFAULTS, Setting("tfdist", "auto", "auto"), "auto"),
                  Entrant("keras defaults", Setting("keras", "float32", "auto"), "default")]
-    comparisons.append(("defaults vs defaults: tfdist / keras fit", "tfdist defaults",
+    comparisons.append(("defaults vs defaults: tfdist / keras fit", DEFAULTS,
                         "keras defaults"))
     return entrants, comparisons
 
@@ -88,8 +89,6 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
     """
     entrants, comparisons = engine_entrants(strategy, devices, same_xla)
     if goals:
-        from tfdist.bench.goals import goal_entrants
-
         keras_best, goal = goal_entrants()
         entrants += keras_best
         comparisons.append(goal)
@@ -99,8 +98,6 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
                             input_share=input_share, peak_size=peak_size,
                             reference_peaks=reference_peaks, log=log)
     if goals:
-        from tfdist.bench.goals import describe_cpu, evaluate_goals
-
         report["goals"] = evaluate_goals(report, workload)
         report["goals_cpu"] = describe_cpu()
     return report
