@@ -16,10 +16,11 @@ the true GELU as Keras's (tested). Inside a step that is XLA-compiled as a
 whole it is simply part of it. Only bfloat16 inputs take the compiled
 loop: in float32 TensorFlow's own kernels are vectorised, the whole step
 gained only 1.03x, and each new shape costs an XLA compilation (in the test
-suite, full of small models called on new shapes, about 2 minutes). The tanh form is left to TensorFlow's
-kernels: XLA's CPU `tanh` made it slower compiled (29.5 vs 23.9 ms for one
-forward and backward over a [32, 128, 1024] bfloat16 tensor on an AMX
-Xeon, where the compiled exact form took 14.5 ms).
+suite, full of small models called on new shapes, about 2 minutes). The
+tanh form is left to TensorFlow's kernels: XLA's CPU `tanh` made it slower
+compiled (29.5 vs 23.9 ms for one forward and backward over a [32, 128,
+1024] bfloat16 tensor on an AMX Xeon, where the compiled exact form took
+14.5 ms).
 
 Example:
 
@@ -61,8 +62,10 @@ def gelu_tanh(x):
     Within 1e-3 of the exact (erf) form. It was the cheaper form while both
     ran as TensorFlow ops (12.6 vs 17.0 ms for one forward and backward over
     a [32, 128, 1024] bfloat16 tensor on a 2-core AMD EPYC); since
-    `gelu_exact` is compiled, the exact form is the faster one on CPUs
-    (14.5 vs 23.9 ms on an AMX Xeon). Use it to match a model trained with it.
+    `gelu_exact` is compiled in bfloat16, the exact form is the faster one
+    there (14.5 vs 23.9 ms on an AMX Xeon). In float32 both run as
+    TensorFlow ops and this one stays a little cheaper (15.6 vs 16.4 ms on
+    that Xeon). Use it to match a model trained with it.
 
     Example:
 

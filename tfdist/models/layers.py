@@ -178,7 +178,6 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         return config
 
 
-
 @keras.saving.register_keras_serializable(package="tfdist")
 class DecoderBlock(keras.layers.Layer):
     """A pre-LayerNorm Transformer decoder block with causal self-attention.

@@ -24,8 +24,8 @@ OPTIONS = [
     Option("sequence_length", int, None,
            "Tokens per example for file/TFDS data (the embedded task fixes its own).", minimum=2),
     Option("dropout", float, None, "Dropout rate (default: the model size's).", minimum=0.0),
-    Option("gelu", str, "exact", "Feed-forward GELU: exact (erf, XLA-compiled on its own: the "
-           "faster one on CPUs) or tanh (the approximation GPT-2 uses, within 1e-3).",
+    Option("gelu", str, "exact", "Feed-forward GELU: exact (erf; in bfloat16 XLA-compiled on its "
+           "own, the faster one there) or tanh (the approximation GPT-2 uses, within 1e-3).",
            choices=("exact", "tanh")),
     Option("num_examples", int, 4096, "Training examples of the embedded task.", minimum=1),
     Option("validation_dataset", str, None,
