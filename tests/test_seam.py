@@ -115,6 +115,9 @@ PINS = {
         ("keras.src.backend.tensorflow.optimizer", "TFOptimizer._all_reduce_sum_gradients")],
     "gradient_sum_wrapped": [
         ("keras.src.backend.tensorflow.optimizer", "TFOptimizer._all_reduce_sum_gradients")],
+    "adam_moments": [("keras.src.optimizers.adam", "Adam", "self._momentums"),
+                     ("keras.src.optimizers.adam", "Adam", "self._velocities"),
+                     ("keras.src.optimizers.base_optimizer", "BaseOptimizer._get_variable_index")],
     "optimizer_iterations_variable": [
         ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "self._iterations")],
     "set_optimizer_strategy": [

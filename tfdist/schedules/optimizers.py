@@ -7,6 +7,7 @@ strategy when they are constructed.
 import keras
 
 from tfdist.schedules import make_schedule
+from tfdist.schedules.fused_adam import FusedAdam, FusedAdamW
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS, OPTIMIZER_NAMES,
                                       SCHEDULES_SHAPED_BY_THE_RUN, moment_setting_fault)
 
@@ -51,7 +52,8 @@ def check_moment_settings(name, **settings):
 
 
 def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0, total_steps=None,
-                    weight_decay=0.0, momentum=0.9, beta_1=None, beta_2=None, epsilon=None):
+                    weight_decay=0.0, momentum=0.9, beta_1=None, beta_2=None, epsilon=None,
+                    fused=True):
     """Returns a Keras optimizer whose learning rate follows a warmup schedule.
 
     Args:
@@ -71,6 +73,10 @@ def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0,
         beta_1, beta_2, epsilon: the moment settings of `adam`, `adamw`,
             `lamb` (all three) and `lion` (the betas); None keeps Keras's
             default. Set for an optimizer without them: an error.
+        fused: `adam` and `adamw` update each variable with TensorFlow's
+            one-kernel Adam (`tfdist.schedules.fused_adam`: faster to trace
+            and to run, rounding its constants as TensorFlow does); False
+            builds Keras's own `Adam` and `AdamW`. Other optimizers ignore it.
 
     Returns:
         A `keras.optimizers.Optimizer`.
@@ -97,9 +103,10 @@ def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0,
             raise ValueError(
                 f"Optimizer 'adam' has no decoupled weight decay (got weight_decay={weight_decay}); "
                 "use 'adamw'.")
-        return keras.optimizers.Adam(rate, **moments)
+        return (FusedAdam if fused else keras.optimizers.Adam)(rate, **moments)
     if name == "adamw":
-        return keras.optimizers.AdamW(rate, weight_decay=weight_decay, **moments)
+        adamw = FusedAdamW if fused else keras.optimizers.AdamW
+        return adamw(rate, weight_decay=weight_decay, **moments)
     if name == "sgd":
         return keras.optimizers.SGD(rate, **decay)
     if name == "momentum":

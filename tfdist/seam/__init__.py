@@ -39,7 +39,7 @@ from tfdist.seam.keras_model import (backup_and_restore_position, callback_model
                                      outputs_structure, producing_layer_name, sequential_graph,
                                      set_model_initial_epoch, set_variable_storage,
                                      standardized_inputs, symbolic_build, variable_storage)
-from tfdist.seam.keras_optimizer import (gradient_sum_skipped, gradient_sum_wrapped,
+from tfdist.seam.keras_optimizer import (adam_moments, gradient_sum_skipped, gradient_sum_wrapped,
                                          held_learning_rate, held_learning_rate_replaced,
                                          optimizer_iterations_variable,
                                          optimizer_trainable_variables,
@@ -62,6 +62,7 @@ from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_ser
 
 __all__ = [
     "ProgbarLoggerHooks",
+    "adam_moments",
     "backup_and_restore_position",
     "callback_model",
     "checkpoint_state",

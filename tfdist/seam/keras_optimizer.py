@@ -185,3 +185,21 @@ def held_learning_rate_replaced(optimizer, schedule):
         yield
     finally:
         object.__setattr__(optimizer, "_learning_rate", original)
+
+
+def adam_moments(optimizer, variable):
+    """The first- and second-moment variables (`m`, `v`) Keras's Adam keeps for `variable`.
+
+    Keras's Adam offers no public way to reach a variable's moments; tfdist's
+    fused Adam update (`tfdist.schedules.fused_adam`) hands them to
+    TensorFlow's `ResourceApplyAdam` kernel.
+
+    Private: `keras.optimizers.Adam._momentums`, `._velocities` and
+    `BaseOptimizer._get_variable_index`.
+
+    Example:
+
+    >>> m, v = adam_moments(optimizer, model.trainable_variables[0])
+    """
+    index = optimizer._get_variable_index(variable)  # noqa: SLF001 - the seam
+    return optimizer._momentums[index], optimizer._velocities[index]  # noqa: SLF001
