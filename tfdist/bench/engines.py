@@ -23,9 +23,10 @@ from tfdist.runtime.argtypes import check_int_at_least
 ENGINES = ("tfdist", "keras")
 XLA_CHOICES = ("on", "off", "auto")
 LOSSES = ("recipe", "keras")
-"""`recipe`: the recipe's own loss and metrics; `keras`: the standard Keras
-loss and accuracy a Keras user writes for the same task
-(`Workload.keras_standard_loss`)."""
+"""`recipe`: the recipe's own loss, metrics and optimizer; `keras`: what a
+Keras user writes for the same task: Keras's standard loss and accuracy
+(`Workload.keras_standard_loss`) and Keras's own class of the recipe's
+optimizer (`keras.optimizers.AdamW`, not tfdist's fused one)."""
 INPUTS = ("pipeline", "memory")
 """`pipeline`: tfdist's input pipeline; `memory`: its first batch replayed
 from memory (no input work), for the input-wait share."""
@@ -43,8 +44,9 @@ class Setting:
         xla: "on", "off" or "auto". For tfdist, auto is the recipes'
             `resolve_xla`; for Keras, `compile(jit_compile="auto")`, resolved
             by Keras (off on CPU-only machines and under any strategy).
-        loss: "recipe" (the recipe's loss and metrics) or "keras" (the
-            standard Keras loss and accuracy for the task; see `LOSSES`).
+        loss: "recipe" (the recipe's loss, metrics and optimizer) or
+            "keras" (the standard Keras loss and accuracy for the task, and
+            Keras's own optimizer class; see `LOSSES`).
 
     Raises:
         ValueError: a value outside the allowed ones (which are named).
@@ -159,7 +161,8 @@ class Contender:
                 self._datasets = {"pipeline": dataset_fn(None), "memory": replay(None)}
             with strategy.scope():
                 built = workload.build_model(data, global_batch_size)
-                optimizer = workload.build_optimizer(global_batch_size, total_steps)
+                optimizer = workload.build_optimizer(global_batch_size, total_steps,
+                                                     keras_standard=setting.loss == "keras")
                 if built.prepare_optimizer is not None:
                     built.prepare_optimizer(optimizer)
                 self.flops_per_example = built.flops_per_example

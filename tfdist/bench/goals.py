@@ -6,7 +6,8 @@ alternating rounds, as ratios (never as absolute speeds):
 * **throughput**: the recipe's defaults (`--strategy/--precision/--xla
   auto`) train at least `RATIO_GOAL` times as many examples per second as
   Keras `fit` at its best setting, with Keras's standard loss and accuracy
-  (`Workload.keras_standard_loss`). "Best" is the fastest, in the same
+  (`Workload.keras_standard_loss`) and Keras's own optimizer class (the
+  recipe's AdamW is tfdist's fused one). "Best" is the fastest, in the same
   rounds, of every precision tfdist's autotune would try on this machine,
   each with XLA off and on;
 * **MFU**: the defaults' model FLOP/s reach at least `MFU_GOALS[(model,

@@ -298,13 +298,15 @@ class Workload:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, **ignore)
         return loss, [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
-    def build_optimizer(self, global_batch_size, total_steps=1000):
+    def build_optimizer(self, global_batch_size, total_steps=1000, keras_standard=False):
         """The recipe's optimizer and schedule (call inside the strategy scope).
 
         Args:
             global_batch_size: examples per step (kept for the callers).
             total_steps: length of the learning-rate schedule (its warmup is
                 capped at half of it).
+            keras_standard: Keras's own optimizer class (`keras.optimizers.AdamW`)
+                instead of the recipe's fused one, as a Keras user writes it.
 
         Example:
 
@@ -318,7 +320,8 @@ class Workload:
         warmup = min(settings.warmup_steps, total_steps // 2)
         return build_optimizer(settings.optimizer, settings.learning_rate,
                                schedule=settings.schedule, warmup_steps=warmup,
-                               total_steps=total_steps, weight_decay=settings.weight_decay)
+                               total_steps=total_steps, weight_decay=settings.weight_decay,
+                               fused=not keras_standard)
 
 
 def _synthetic_tokens(sequence_length, vocab_size, seed):
