@@ -172,7 +172,9 @@ COMMON_OPTIONS = [
     Option("autotune_budget", float, 120.0,
            "Seconds after which the autotune trial starts no new round of timed steps (compiling "
            "each setting and one round always run).", minimum=1.0, changes_step_speed=False),
-    Option("optimizer", str, "adamw", "Optimizer.", choices=OPTIMIZERS),
+    Option("optimizer", str, "adamw",
+           "Optimizer; adam and adamw are Keras's, each variable's update run as one "
+           "TensorFlow kernel (ResourceApplyAdam).", choices=OPTIMIZERS),
     Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0,
            changes_step_speed=False),
     Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES,
