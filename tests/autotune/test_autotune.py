@@ -281,3 +281,23 @@ def test_tune_model_times_your_compiled_model_and_caches_the_decision(tmp_path):
     assert "from the cache" in lines[-1]
     with pytest.raises(ValueError, match="Unknown XLA mode 'fast'"):
         tune_model(build_model, dataset, global_batch_size=32, xla="fast")
+
+
+def test_a_decision_is_keyed_by_tfdist_code_so_a_new_tfdist_measures_again(tmp_path):
+    from tfdist.autotune.cache import code_fingerprint
+    from tfdist.autotune.tune import environment_signature
+
+    def package(name, b_source, extra=None):
+        root = tmp_path / name
+        (root / "sub").mkdir(parents=True)
+        (root / "a.py").write_text("X = 1\n")
+        (root / "sub" / "b.py").write_text(b_source)
+        if extra:
+            (root / extra).write_text("not code")
+        return str(root)
+
+    before = code_fingerprint(package("old", "Y = 2\n"))
+    assert code_fingerprint(package("with_notes", "Y = 2\n", "notes.txt")) == before
+    assert code_fingerprint(package("new", "Y = 3\n")) != before  # one changed line
+    signature = environment_signature(on_gpu=False)
+    assert signature["versions"]["tfdist_code"] == code_fingerprint()

@@ -6,7 +6,7 @@ trial (`run_trial`) builds the model once per candidate setting
 (`candidate_grid`), runs a few steps of each in alternating rounds,
 compile time apart, and `choose` picks the fastest whose loss agrees with
 float32. `DecisionCache` remembers the decision per model signature,
-hardware and TensorFlow version, so the next run starts at once. The
+hardware, TensorFlow version and tfdist code, so the next run starts at once. The
 recipes drive this (`tfdist.recipes.auto_choices`); `--autotune off` keeps the
 rules.
 

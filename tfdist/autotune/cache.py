@@ -5,7 +5,9 @@ that the next run of the same model on the same kind of machine starts at
 once. The key is a hash of a *signature*: what the step's speed depends on
 (the recipe and the options that shape the model, the data and the batch,
 the strategy and its replicas, the CPU or GPU model and flags, the TensorFlow
-and Keras versions). Options that only change how long the run is or where
+and Keras versions, and tfdist's own code: a hash of its sources, so that a
+new tfdist, whose step may be faster in one setting than in another, measures
+again instead of reusing what an older one measured). Options that only change how long the run is or where
 it writes (epochs, model_dir, seed, ...) are left out: each recipe option
 declares it (`tfdist.recipes.config.Option.changes_step_speed`).
 
@@ -23,6 +25,7 @@ Example:
 """
 
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -80,6 +83,36 @@ def hardware_signature(cpu_flags, gpus=(), cpu_name=None, cpus=None):
     return {"cpu": cpu_name if cpu_name is not None else cpu_model_name(),
             "cpu_flags": sorted(set(cpu_flags).intersection(_HARDWARE_FLAGS)),
             "cpus": cpus, "gpus": [[name, list(capability)] for name, capability in gpus]}
+
+
+def code_fingerprint(root=None):
+    """A short hash of tfdist's Python sources: it changes whenever its code does.
+
+    Read once per process (about 200 small files).
+
+    Args:
+        root: the package folder to hash (default: tfdist's own).
+
+    Example:
+
+    >>> len(code_fingerprint())
+    16
+    """
+    return _fingerprint(os.path.abspath(root or os.path.dirname(os.path.dirname(__file__))))
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(root):
+    digest = hashlib.sha256()
+    for folder, subfolders, files in os.walk(root):
+        subfolders.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as source:
+                    digest.update(source.read() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def signature_key(signature):

@@ -21,7 +21,8 @@ Example:
 import gc
 import time
 
-from tfdist.autotune.cache import DecisionCache, hardware_signature, signature_key
+from tfdist.autotune.cache import (DecisionCache, code_fingerprint, hardware_signature,
+                                   signature_key)
 from tfdist.autotune.candidates import Candidate, candidate_grid
 from tfdist.autotune.decide import Decision, choose, format_decision
 from tfdist.seam import forget_retracing_counts, strategy_worker_count
@@ -54,7 +55,8 @@ def environment_signature(on_gpu=None):
         gpus.append((details.get("device_name", gpu.name),
                      tuple(details.get("compute_capability") or (0, 0))))
     return {"hardware": hardware_signature(cpu_flags(), gpus),
-            "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+            "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
+                         "tfdist_code": code_fingerprint()}}
 
 
 def machine_hardware(on_gpu=None):

@@ -162,8 +162,9 @@ COMMON_OPTIONS = [
     Option("autotune", str, default_autotune_mode(),
            "How --precision auto / --xla auto decide: on (time the candidate settings on this "
            "model and batch for a few steps each and keep the fastest whose loss agrees with "
-           "float32; the decision is cached per model, hardware and TensorFlow version), refresh "
-           "(time them again, replacing a cached decision), off (fixed rules from the hardware). "
+           "float32; the decision is cached per model, hardware, TensorFlow version and tfdist "
+           "code), refresh (time them again, replacing a cached decision), off (fixed rules "
+           "from the hardware). "
            f"Default: ${AUTOTUNE_ENV} when set, else on.", choices=AUTOTUNE_MODES,
            normalize=lambda text: text.strip().lower(), changes_step_speed=False),
     Option("autotune_cache", str, None,
