@@ -16,6 +16,11 @@ Under a Keras optimizer's `gradient_accumulation_steps=K`, wrap the schedule
 in `OptimizerStepSchedule(schedule, K)` so it counts updates, not
 micro-batches. To drive an optimizer that holds a float rate from a
 schedule, use `tfdist.callbacks.learning_rate.LearningRateScheduleCallback`.
+
+`FusedAdam` and `FusedAdamW` are Keras's `Adam` and `AdamW` with each
+variable's update run as one TensorFlow kernel (what the recipes build):
+
+    optimizer = tfdist.schedules.FusedAdamW(schedule, weight_decay=0.01)
 """
 
 from tfdist.runtime.lazy_exports import lazy_exports
@@ -26,6 +31,8 @@ _EXPORTS = {
     "SCHEDULE_NAMES": "tfdist.schedules.choices",
     "WARMUP_MODES": "tfdist.schedules.warmup",
     "ConstantLearningRate": "tfdist.schedules.constant",
+    "FusedAdam": "tfdist.schedules.fused_adam",
+    "FusedAdamW": "tfdist.schedules.fused_adam",
     "InverseSqrtDecay": "tfdist.schedules.inverse_sqrt",
     "OptimizerStepSchedule": "tfdist.schedules.optimizer_step",
     "WarmUp": "tfdist.schedules.warmup",
@@ -38,6 +45,8 @@ __all__ = [
     "SCHEDULE_NAMES",
     "WARMUP_MODES",
     "ConstantLearningRate",
+    "FusedAdam",
+    "FusedAdamW",
     "InverseSqrtDecay",
     "OptimizerStepSchedule",
     "WarmUp",
