@@ -1,4 +1,4 @@
-"""Remembered autotune decisions, one per model, batch, hardware and TF version.
+"""Remembered autotune decisions, one per model, batch, hardware, TF version and tfdist code.
 
 A trial costs seconds to minutes; its decision is stored in a JSON file so
 that the next run of the same model on the same kind of machine starts at
@@ -7,9 +7,10 @@ once. The key is a hash of a *signature*: what the step's speed depends on
 the strategy and its replicas, the CPU or GPU model and flags, the TensorFlow
 and Keras versions, and tfdist's own code: a hash of its sources, so that a
 new tfdist, whose step may be faster in one setting than in another, measures
-again instead of reusing what an older one measured). Options that only change how long the run is or where
-it writes (epochs, model_dir, seed, ...) are left out: each recipe option
-declares it (`tfdist.recipes.config.Option.changes_step_speed`).
+again instead of reusing what an older one measured). Options that only
+change how long the run is or where it writes (epochs, model_dir, seed, ...)
+are left out: each recipe option declares it
+(`tfdist.recipes.config.Option.changes_step_speed`).
 
 The file is `$TFDIST_AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/tfdist/autotune.json`,
 else `~/.cache/tfdist/autotune.json`. It is written whole to a temporary file
