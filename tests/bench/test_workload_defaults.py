@@ -2,7 +2,7 @@
 
 import pytest
 
-from tfdist.bench.workloads import (EMBEDDED_DATA, EMBEDDED_EXAMPLES, OPTIMIZER_DEFAULTS, Workload,
+from tfdist.bench.workloads import (EMBEDDED_DATA, EMBEDDED_EXAMPLES, Workload,
                                     parse_model_flags)
 
 

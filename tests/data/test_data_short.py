@@ -4,7 +4,6 @@ Real files: empty or too short text and TFRecord files; one recipe run shows
 the error as a user sees it (exit 2, one line, no traceback).
 """
 
-import logging
 import os
 import subprocess
 import sys

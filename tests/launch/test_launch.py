@@ -19,9 +19,7 @@ import pytest
 
 from tfdist.launch import EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT, launch
 
-from helpers.paths import REPO_ROOT  # noqa: E402
-from helpers.paths import WORKERS_DIR  # noqa: E402
-WORKERS_DIR = os.path.join(REPO_ROOT, "tests", "helpers", "workers")
+from helpers.paths import REPO_ROOT, WORKERS_DIR  # noqa: E402
 PY = sys.executable
 
 

@@ -10,7 +10,6 @@ on a GPU is TensorFlow's and was not observed here.
 """
 
 import inspect
-import os
 import subprocess
 import sys
 
