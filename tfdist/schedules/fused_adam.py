@@ -82,8 +82,16 @@ def fused_adam_update(optimizer, gradient, variable, learning_rate):
     return True
 
 
+class _FusedUpdateStep:
+    """`update_step` through `fused_adam_update`, falling back to the Keras class's own."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        if not fused_adam_update(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate)
+
+
 @keras.saving.register_keras_serializable(package="tfdist")
-class FusedAdam(keras.optimizers.Adam):
+class FusedAdam(_FusedUpdateStep, keras.optimizers.Adam):
     """Keras's `Adam`, each variable updated by one `ResourceApplyAdam` kernel.
 
     Takes Keras's `Adam` arguments; see the module docstring for what differs.
@@ -94,13 +102,9 @@ class FusedAdam(keras.optimizers.Adam):
     >>> optimizer.apply([tf.ones((2,))], [keras.Variable([1.0, 2.0])])
     """
 
-    def update_step(self, gradient, variable, learning_rate):
-        if not fused_adam_update(self, gradient, variable, learning_rate):
-            super().update_step(gradient, variable, learning_rate)
-
 
 @keras.saving.register_keras_serializable(package="tfdist")
-class FusedAdamW(keras.optimizers.AdamW):
+class FusedAdamW(_FusedUpdateStep, keras.optimizers.AdamW):
     """Keras's `AdamW`, each variable updated by one `ResourceApplyAdam` kernel.
 
     Takes Keras's `AdamW` arguments; the decoupled weight decay is Keras's.
@@ -111,7 +115,3 @@ class FusedAdamW(keras.optimizers.AdamW):
     >>> optimizer = FusedAdamW(learning_rate=1e-3, weight_decay=0.01)
     >>> optimizer.apply([tf.ones((2,))], [keras.Variable([1.0, 2.0])])
     """
-
-    def update_step(self, gradient, variable, learning_rate):
-        if not fused_adam_update(self, gradient, variable, learning_rate):
-            super().update_step(gradient, variable, learning_rate)

@@ -74,8 +74,8 @@ def build_optimizer(name, learning_rate, *, schedule="constant", warmup_steps=0,
             `lamb` (all three) and `lion` (the betas); None keeps Keras's
             default. Set for an optimizer without them: an error.
         fused: `adam` and `adamw` update each variable with TensorFlow's
-            one-kernel Adam (`tfdist.schedules.fused_adam`: faster to trace
-            and to run, rounding its constants as TensorFlow does); False
+            one-kernel Adam (`tfdist.schedules.fused_adam`: faster to trace,
+            rounding its constants as TensorFlow does); False
             builds Keras's own `Adam` and `AdamW`. Other optimizers ignore it.
 
     Returns:
