@@ -12,10 +12,11 @@ from tfdist.callbacks.backup import latest_backup, list_backups, read_backup
 from tfdist.recipes.record import history_entries
 
 # 24 steps per epoch, a backup every 2 steps, 2 kept; pinned float32 (same
-# numbers on every CPU), no learning-rate warmup (the guard judges from step 21).
-COMMON = ["--precision", "float32", "--warmup-steps", "0", "--steps-per-epoch", "24",
-          "--validation-steps", "1", "--backup-every", "2", "--backup-keep", "2",
-          "--verbose", "2"]
+# numbers on every CPU) without XLA (its 2-3 s of compilation per process buy
+# nothing here), no learning-rate warmup (the guard judges from step 21).
+COMMON = ["--precision", "float32", "--xla", "off", "--warmup-steps", "0",
+          "--steps-per-epoch", "24", "--validation-steps", "1", "--backup-every", "2",
+          "--backup-keep", "2", "--verbose", "2"]
 
 
 @pytest.mark.slow
