@@ -48,13 +48,7 @@ def environment_signature(on_gpu=None):
 
     from tfdist.precision import cpu_flags
 
-    gpus = []
-    physical = tf.config.list_physical_devices("GPU")
-    for gpu in physical if (on_gpu if on_gpu is not None else physical) else []:
-        details = tf.config.experimental.get_device_details(gpu)
-        gpus.append((details.get("device_name", gpu.name),
-                     tuple(details.get("compute_capability") or (0, 0))))
-    return {"hardware": hardware_signature(cpu_flags(), gpus),
+    return {"hardware": hardware_signature(cpu_flags(), _gpu_descriptions(on_gpu)),
             "versions": {"tensorflow": tf.__version__, "keras": keras.__version__,
                          "tfdist_code": code_fingerprint()}}
 
@@ -79,8 +73,27 @@ def machine_hardware(on_gpu=None):
     """
     from tfdist.precision import cpu_flags
 
-    gpus = environment_signature(on_gpu)["hardware"]["gpus"]
-    return cpu_flags(), [tuple(capability) for _, capability in gpus]
+    return cpu_flags(), [capability for _, capability in _gpu_descriptions(on_gpu)]
+
+
+def _gpu_descriptions(on_gpu=None):
+    """`(name, (major, minor))` for each GPU TensorFlow sees; none when `on_gpu`
+    is False (default: whether it sees any).
+
+    Example:
+
+    >>> _gpu_descriptions(on_gpu=False)
+    []
+    """
+    import tensorflow as tf
+
+    gpus = []
+    physical = tf.config.list_physical_devices("GPU")
+    for gpu in physical if (on_gpu if on_gpu is not None else physical) else []:
+        details = tf.config.experimental.get_device_details(gpu)
+        gpus.append((details.get("device_name", gpu.name),
+                     tuple(details.get("compute_capability") or (0, 0))))
+    return gpus
 
 
 def machine_grid(precision, xla, xla_blocker=None):
