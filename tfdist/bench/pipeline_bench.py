@@ -32,7 +32,6 @@ Example:
 
 import argparse
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -41,6 +40,7 @@ import tempfile
 import time
 
 from tfdist.bench.report import print_report
+from tfdist.precision import cpu_model_name
 
 COLUMNS = ("setting", "K", "M", "step ms", "examples/s", "tokens/s", "vs K=1",
            "bubble GPipe", "bubble measured", "overlap")
@@ -70,24 +70,6 @@ def gpipe_bubble(stages, micro_batches):
     0.2
     """
     return (stages - 1) / (micro_batches + stages - 1)
-
-
-def cpu_model():
-    """The CPU's model name (`lscpu`'s "Model name"), or the platform's processor string.
-
-    Example:
-
-    >>> cpu_model()
-    'Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz'
-    """
-    try:
-        with open("/proc/cpuinfo") as stream:
-            for line in stream:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def union_length(intervals):
@@ -313,7 +295,7 @@ def run_model_parallel_bench(size="tiny", batch=32, micro_batches=4, steps=10, r
             "step times s": contender["times"],
             "stages": plan.describe() if plan is not None else None,
         })
-    return {"rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(),
+    return {"rows": rows, "cpu": cpu_model_name(), "cores": os.cpu_count(),
             "devices": [d.name for d in tf.config.list_logical_devices(_device_type())],
             "settings": {"size": size, "batch": batch, "micro_batches": micro_batches,
                          "steps": steps, "rounds": rounds, "sequence_length": sequence_length,

@@ -18,6 +18,7 @@ import sys
 
 from tfdist.bench.load import LoadMonitor
 from tfdist.bench.workloads import Workload
+from tfdist.precision import cpu_model_name
 
 QUICK = {
     "transformer": dict(size="tiny", sequence_length=32, vocab_size=256, batch=8),
@@ -138,17 +139,8 @@ def machine_meta(command=""):
 
     from tfdist.distribute.devices import gpu_count
 
-    model_name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    model_name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     gpus = gpu_count()
-    machine = (f"{gpus} GPU(s)" if gpus else f"{os.cpu_count()} CPU cores ({model_name})")
+    machine = (f"{gpus} GPU(s)" if gpus else f"{os.cpu_count()} CPU cores ({cpu_model_name()})")
     return {"device_kind": "GPU" if gpus else "CPU", "machine": machine,
             "tensorflow": tf.__version__, "keras": keras.__version__,
             "python": platform.python_version(),

@@ -44,8 +44,9 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.pipeline_bench import bench_decoder_lm, cpu_model, token_dataset
+from tfdist.bench.pipeline_bench import bench_decoder_lm, token_dataset
 from tfdist.bench.report import print_report
+from tfdist.precision import cpu_model_name
 
 QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
 
@@ -204,7 +205,7 @@ def run_tensor_parallel_bench(size="tiny", batch=32, shards=2, steps=10, rounds=
                      "communication share": activity["share"] if activity else None,
                      "step times s": contender["times"]})
     device_type = "GPU" if len(tf.config.list_physical_devices("GPU")) >= shards else "CPU"
-    return {"rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(),
+    return {"rows": rows, "cpu": cpu_model_name(), "cores": os.cpu_count(),
             "devices": [d.name for d in tf.config.list_logical_devices(device_type)],
             "versions": {"tensorflow": tf.__version__, "keras": _keras_version()},
             "volume": all_reduce_volume(
