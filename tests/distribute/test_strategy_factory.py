@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from tfdist.distribute.tf_config import TFConfigError
 from tfdist.distribute.devices import DeviceConfigError
-from tfdist.distribute.strategy_factory import (STRATEGY_NAMES, UNSUPPORTED_STRATEGIES,
-                                                choose_strategy, create_strategy)
+from tfdist.distribute.strategy_factory import choose_strategy, create_strategy
+from tfdist.distribute.strategy_names import STRATEGY_NAMES, UNSUPPORTED_STRATEGIES
 from tfdist.distribute.introspection import StrategyInfo, describe_strategy
 from tfdist.distribute.collectives import is_chief
 from tfdist.distribute.startup import write_ready_file

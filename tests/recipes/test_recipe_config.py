@@ -168,7 +168,7 @@ def test_gpu_memory_and_cluster_resolver_from_yaml(tmp_path):
 
 def test_cluster_resolver_names_match_the_strategy_factory():
     from tfdist.recipes.config import CLUSTER_RESOLVERS
-    from tfdist.distribute.strategy_factory import CLUSTER_RESOLVER_NAMES
+    from tfdist.distribute.strategy_names import CLUSTER_RESOLVER_NAMES
 
     assert CLUSTER_RESOLVERS == CLUSTER_RESOLVER_NAMES
     assert parse([]).cluster_resolver == "tf_config"

@@ -16,7 +16,8 @@ from tfdist.callbacks.learning_rate import LearningRateLogger, LearningRateSched
 from tfdist.callbacks.loss_health import LossHealth
 from tfdist.callbacks.memory import DeviceMemoryMonitor, MemoryUsageWarning
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
-from tfdist.callbacks.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionGuard
+from tfdist.callbacks.preemption import Preempted, PreemptionGuard
+from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE
 from tfdist.callbacks.profiler import ProfilerWindow
 from tfdist.callbacks.progress import ProgressLogger
 from tfdist.callbacks.throughput import ThroughputMeter, format_summary

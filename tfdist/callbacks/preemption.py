@@ -7,7 +7,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, task_info
-from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, HandlerStopSignals, Preempted  # noqa: F401
+from tfdist.runtime.stop_signals import HandlerStopSignals, Preempted
 from tfdist.distribute.introspection import describe_strategy
 from tfdist.seam import coordination_key_value_store
 

@@ -1,8 +1,7 @@
 """`make_source`: a dataset string (the recipes' `--dataset` flag) to a Source."""
 
 from tfdist.data.source import Source
-from tfdist.data.specs import (IMAGE_SCHEMES, SCHEMES, TFRECORD_SCHEMES,  # noqa: F401
-                                  dataset_scheme)
+from tfdist.data.specs import SCHEMES, TFRECORD_SCHEMES, dataset_scheme
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
             "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",

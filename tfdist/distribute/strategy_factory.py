@@ -19,14 +19,11 @@ import time
 
 import tensorflow as tf
 
-from tfdist.distribute.tf_config import (TRAINING_TASK_TYPES, ClusterConfig,  # noqa: F401 (re-exported)
-                                         StrategyStartupError, config_from_resolver,
-                                         parse_tf_config)
+from tfdist.distribute.tf_config import TRAINING_TASK_TYPES, config_from_resolver, parse_tf_config
 from tfdist.distribute.devices import DeviceConfigError, gpu_count, split_cpu_into_logical_devices
 from tfdist.distribute.ports import check_port_free
-from tfdist.distribute.strategy_names import (ALL_REDUCE_NAMES, CLUSTER_RESOLVER_NAMES,  # noqa: F401
-                                    STRATEGY_NAMES, UNSUPPORTED_STRATEGIES,  # (re-exported)
-                                    check_all_reduce_name, check_strategy_name)
+from tfdist.distribute.strategy_names import (CLUSTER_RESOLVER_NAMES, check_all_reduce_name,
+                                              check_strategy_name)
 from tfdist.distribute.introspection import describe_strategy, remember_creation
 from tfdist.distribute.slurm import slurm_resolver
 from tfdist.seam import mirrored_strategy_with_key_base, multi_worker_strategy_on_local_devices
