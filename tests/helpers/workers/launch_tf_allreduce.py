@@ -51,7 +51,12 @@ else:
             break
         except tf.errors.AlreadyExistsError:  # an earlier try got through, its reply did not
             break
-        except tf.errors.UnavailableError:
+        except tf.errors.UnavailableError as error:
+            if "Connection refused" in str(error):
+                # Task 0's server is gone: it leaves only after reading this key
+                # (an earlier try got through, its reply was lost) or by failing,
+                # which its own exit code reports to the launcher.
+                break
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
