@@ -141,14 +141,23 @@ def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _gpu_compute_capabilities():
+def gpu_descriptions():
+    """`(name, (major, minor))` for each GPU TensorFlow sees: its device name
+    and compute capability (`(0, 0)` when TensorFlow does not report one).
+
+    Example:
+
+    >>> gpu_descriptions()  # on a machine without GPUs
+    []
+    """
     import tensorflow as tf
 
-    capabilities = []
+    descriptions = []
     for gpu in tf.config.list_physical_devices("GPU"):
         details = tf.config.experimental.get_device_details(gpu)
-        capabilities.append(tuple(details.get("compute_capability") or (0, 0)))
-    return capabilities
+        descriptions.append((details.get("device_name", gpu.name),
+                             tuple(details.get("compute_capability") or (0, 0))))
+    return descriptions
 
 
 def detect_precision(gpu_capabilities=None, flags=None):
@@ -172,7 +181,7 @@ def detect_precision(gpu_capabilities=None, flags=None):
     'mixed_float16'
     """
     if gpu_capabilities is None:
-        gpu_capabilities = _gpu_compute_capabilities()
+        gpu_capabilities = [capability for _, capability in gpu_descriptions()]
     if gpu_capabilities:
         oldest = min(gpu_capabilities)
         version = f"{oldest[0]}.{oldest[1]}"

@@ -77,23 +77,16 @@ def machine_hardware(on_gpu=None):
 
 
 def _gpu_descriptions(on_gpu=None):
-    """`(name, (major, minor))` for each GPU TensorFlow sees; none when `on_gpu`
-    is False (default: whether it sees any).
+    """`tfdist.precision.gpu_descriptions()`, or none when `on_gpu` is False.
 
     Example:
 
     >>> _gpu_descriptions(on_gpu=False)
     []
     """
-    import tensorflow as tf
+    from tfdist.precision import gpu_descriptions
 
-    gpus = []
-    physical = tf.config.list_physical_devices("GPU")
-    for gpu in physical if (on_gpu if on_gpu is not None else physical) else []:
-        details = tf.config.experimental.get_device_details(gpu)
-        gpus.append((details.get("device_name", gpu.name),
-                     tuple(details.get("compute_capability") or (0, 0))))
-    return gpus
+    return gpu_descriptions() if on_gpu is None or on_gpu else []
 
 
 def machine_grid(precision, xla, xla_blocker=None):
