@@ -8,8 +8,7 @@ import every .py file under tests/ (worker scripts included) to search their
 docstrings, which changes what tests/ collects.
 
 It also sets how many pytest-xdist workers `-n auto` (setup.cfg) starts, and
-the order in which they are handed the test files, and starts the processes
-the tests start without matplotlib (`hide_bench_extra_from_child_processes`).
+the order in which they are handed the test files.
 """
 
 import os
@@ -30,37 +29,6 @@ def is_documentation(path):
 
 
 MAX_TEST_WORKERS = 4
-WITHOUT_BENCH_EXTRA = ROOT / "tests" / "helpers" / "without_bench_extra"
-
-
-def hide_bench_extra_from_child_processes(environ):
-    """Puts `tests/helpers/without_bench_extra` first on the PYTHONPATH in
-    `environ`: a process started with it imports TensorFlow and Keras as in
-    tfdist's default install (no matplotlib, the `bench` extra), 0.3-0.7 s
-    sooner. The current process's own `sys.path` is unchanged.
-
-    Example: `hide_bench_extra_from_child_processes(os.environ)`
-    """
-    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(WITHOUT_BENCH_EXTRA) not in parts:
-        environ["PYTHONPATH"] = os.pathsep.join([str(WITHOUT_BENCH_EXTRA), *parts])
-
-
-def is_xdist_controller(config):
-    """Whether this pytest process hands tests to pytest-xdist workers
-    (`-n 2`) rather than running them (a worker, or `-n 0`)."""
-    if hasattr(config, "workerinput"):
-        return False
-    return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
-
-
-def pytest_configure(config):
-    """In the process that runs tests (a pytest-xdist worker, or pytest
-    itself with `-n 0`), the processes its tests start see no matplotlib
-    (`hide_bench_extra_from_child_processes`). Not in pytest-xdist's
-    controller: the workers it starts keep matplotlib for the plot tests."""
-    if not is_xdist_controller(config):
-        hide_bench_extra_from_child_processes(os.environ)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -2,6 +2,8 @@
 its real multi-replica path on a machine without GPUs (as Keras's own tests do).
 
 This must run before TensorFlow initialises, hence at conftest import time.
+The processes the tests start see no matplotlib, as in tfdist's default
+install (`hide_bench_extra_from_child_processes`).
 """
 
 import os
@@ -15,12 +17,43 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tests turn the trial on explicitly (--autotune on / refresh).
 os.environ["TFDIST_AUTOTUNE"] = "off"
 
+from helpers.paths import WITHOUT_BENCH_EXTRA  # noqa: E402
 from tfdist.distribute.devices import split_cpu_into_logical_devices  # noqa: E402
 
 LOGICAL_CPUS = 2
 split_cpu_into_logical_devices(LOGICAL_CPUS)
 
 PYTHON = sys.executable
+
+
+def hide_bench_extra_from_child_processes(environ):
+    """Puts `tests/helpers/without_bench_extra` first on the PYTHONPATH in
+    `environ`: a process started with it imports TensorFlow and Keras as in
+    tfdist's default install (no matplotlib, the `bench` extra), 0.3-0.7 s
+    sooner. The current process's own `sys.path` is unchanged.
+
+    Example: `hide_bench_extra_from_child_processes(os.environ)`
+    """
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if WITHOUT_BENCH_EXTRA not in parts:
+        environ["PYTHONPATH"] = os.pathsep.join([WITHOUT_BENCH_EXTRA, *parts])
+
+
+def is_xdist_controller(config):
+    """Whether this pytest process hands tests to pytest-xdist workers
+    (`-n 2`) rather than running them (a worker, or `-n 0`)."""
+    if hasattr(config, "workerinput"):
+        return False
+    return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
+
+
+def pytest_configure(config):
+    """In the process that runs tests (a pytest-xdist worker, or pytest
+    itself with `-n 0`), the processes its tests start see no matplotlib
+    (`hide_bench_extra_from_child_processes`). Not in pytest-xdist's
+    controller: the workers it starts keep matplotlib for the plot tests."""
+    if not is_xdist_controller(config):
+        hide_bench_extra_from_child_processes(os.environ)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The suite's own set-up (conftest.py): the processes the tests start see no
+"""The suite's own set-up (tests/conftest.py): the processes the tests start see no
 matplotlib, as in tfdist's default install, while the tests themselves do."""
 
 import importlib.util

@@ -8,6 +8,6 @@ import os
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_ROOT = os.path.dirname(TESTS_DIR)
 WORKERS_DIR = os.path.join(TESTS_DIR, "helpers", "workers")
-# First on the PYTHONPATH of the processes the tests start (conftest.py): it
+# First on the PYTHONPATH of the processes the tests start (tests/conftest.py): it
 # hides matplotlib from them, as in tfdist's default install.
 WITHOUT_BENCH_EXTRA = os.path.join(TESTS_DIR, "helpers", "without_bench_extra")
