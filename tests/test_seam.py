@@ -48,6 +48,9 @@ PINS = {
         ("tensorflow.python.eager.context", "Context.configure_coordination_service"),
         ("tensorflow.python.eager.context", "Context.coordination_service")],
     "local_gpu_memory_limits": [("tensorflow.python.client.device_lib", "list_local_devices")],
+    "leave_tfdist_code_unconverted": [
+        ("tensorflow.python.autograph.core.config", "CONVERSION_RULES"),
+        ("tensorflow.python.autograph.core.config_lib", "DoNotConvert.matches")],
     "forget_retracing_counts": [
         ("tensorflow.python.eager.polymorphic_function.polymorphic_function",
          "_frequent_tracing_detector_manager")],
@@ -226,6 +229,27 @@ def _per_device_datasets(distributed_iterator):
 def test_quiet_device_iterators_is_installed_once_by_importing_tfdist_data():
     assert hasattr(multi_device_iterator_ops._create_device_dataset, "tfdist_wraps")
     assert seam.install_quiet_device_iterators() is False  # already installed
+
+
+def test_autograph_calls_tfdist_functions_as_they_are_and_still_converts_the_users():
+    from tensorflow.python.autograph.impl import conversion
+
+    from tfdist.data.input_pipeline import DatasetFn
+
+    assert seam.leave_tfdist_code_unconverted() is False  # installed by importing tfdist.data
+
+    def users_function(x):
+        return x
+
+    assert conversion.is_allowlisted(DatasetFn.__call__)
+    assert not conversion.is_allowlisted(users_function)
+    # A user's function that branches in Python on a tensor is still converted.
+    def clipped(x):
+        if x > 2:
+            return tf.constant(2, tf.int64)
+        return x
+
+    assert list(tf.data.Dataset.range(5).map(clipped).as_numpy_iterator()) == [0, 1, 2, 2, 2]
 
 
 def test_per_device_datasets_run_without_autotune_and_the_users_pipeline_keeps_it():

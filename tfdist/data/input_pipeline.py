@@ -27,10 +27,12 @@ import tensorflow as tf
 
 from tfdist.data import sharding
 from tfdist.data.files import check_holds_examples
-from tfdist.seam import install_quiet_device_iterators
+from tfdist.seam import install_quiet_device_iterators, leave_tfdist_code_unconverted
 
 # Multi-device iterators end without waiting for a tuner they do not use (see the seam).
 install_quiet_device_iterators()
+# tfdist's graph code is traced as written, without AutoGraph's rewrite (see the seam).
+leave_tfdist_code_unconverted()
 
 logger = logging.getLogger("tfdist.data")
 

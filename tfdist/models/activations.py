@@ -35,7 +35,7 @@ def _gelu(x, approximate):
     return keras.activations.gelu(x, approximate=approximate)
 
 
-_compiled_exact = tf.function(lambda x: _gelu(x, False), jit_compile=True)
+_compiled_exact = tf.function(lambda x: _gelu(x, False), jit_compile=True, autograph=False)
 
 
 @keras.saving.register_keras_serializable(package="tfdist")

@@ -104,7 +104,7 @@ def uniform_cross_entropy(logits):
     return value, gradient
 
 
-_compiled_masked_token_losses = tf.function(masked_token_losses, jit_compile=True)
+_compiled_masked_token_losses = tf.function(masked_token_losses, jit_compile=True, autograph=False)
 
 
 @keras.saving.register_keras_serializable(package="tfdist")

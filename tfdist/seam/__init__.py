@@ -57,7 +57,8 @@ from tfdist.seam.tf_distribute import (create_plain_variable, default_strategy,
                                        without_colocation)
 from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_service,
                                     coordination_key_value_store, forget_retracing_counts,
-                                    local_gpu_memory_limits, wait_for_peers_at_exit)
+                                    leave_tfdist_code_unconverted, local_gpu_memory_limits,
+                                    wait_for_peers_at_exit)
 
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "keras_sliceable",
     "keras_sparse_rows",
     "keras_train_validation_split",
+    "leave_tfdist_code_unconverted",
     "local_gpu_memory_limits",
     "metrics_in_keras_order",
     "mirrored_strategy_with_key_base",

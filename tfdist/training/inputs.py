@@ -25,13 +25,15 @@ import keras
 import tensorflow as tf
 
 from tfdist.seam import (install_quiet_device_iterators, keras_class_weight_map_fn,
-                         per_replica_value_spec)
+                         leave_tfdist_code_unconverted, per_replica_value_spec)
 from tfdist.distribute.collectives import agreed_seed
 from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training import arrays
 
 # Multi-device iterators end without waiting for a tuner they do not use (see the seam).
 install_quiet_device_iterators()
+# tfdist's graph code is traced as written, without AutoGraph's rewrite (see the seam).
+leave_tfdist_code_unconverted()
 
 ALLOWED_INPUTS = (
     "numpy arrays (or lists / dicts of them) with y and batch_size, "
