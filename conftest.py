@@ -32,14 +32,12 @@ MAX_TEST_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (setup.cfg): one pytest-xdist worker more than the usable
-    cores, at most MAX_TEST_WORKERS. A worker's tests spend part of their
-    time waiting (for worker processes to start and meet, for a deadline, for
-    a backup to appear), so with one worker per core a core sat idle about 7%
-    of the suite; the extra worker fills those gaps. More than that would only
-    share the same cores and memory bandwidth and stretch the tests' deadlines."""
+    """`-n auto` (setup.cfg): one pytest-xdist worker per usable core, at most
+    MAX_TEST_WORKERS. Each worker's tests start TensorFlow processes of their
+    own (recipes, localhost clusters), so more workers than that would only
+    share the same memory bandwidth and stretch the tests' deadlines."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(MAX_TEST_WORKERS, (usable or 1) + 1)
+    return min(MAX_TEST_WORKERS, usable or 1)
 
 
 HEAVY_MARKERS = ("slow", "multiworker")
