@@ -10,10 +10,6 @@ Example:
     wait_for_peers_at_exit(timeout_seconds=20)   # a multi-worker run's last act
 """
 
-import threading
-
-_autograph_lock = threading.Lock()
-
 
 def leave_tfdist_code_unconverted():
     """Tells AutoGraph to call tfdist's own functions as they are, unconverted,
@@ -46,12 +42,11 @@ def leave_tfdist_code_unconverted():
     """
     from tensorflow.python.autograph.core import config, config_lib
 
-    with _autograph_lock:
-        if any(isinstance(rule, config_lib.DoNotConvert) and rule.matches("tfdist")
-               for rule in config.CONVERSION_RULES):
-            return False
-        config.CONVERSION_RULES = (*config.CONVERSION_RULES, config_lib.DoNotConvert("tfdist"))
-        return True
+    if any(isinstance(rule, config_lib.DoNotConvert) and rule.matches("tfdist")
+           for rule in config.CONVERSION_RULES):
+        return False
+    config.CONVERSION_RULES = (*config.CONVERSION_RULES, config_lib.DoNotConvert("tfdist"))
+    return True
 
 
 def wait_for_peers_at_exit(timeout_seconds=20.0, name="tfdist/exit"):
