@@ -78,6 +78,15 @@ PINS = {
          "ParameterServerStrategyV2", "self._cluster_resolver")],
     "mirrored_strategy_with_key_base": [
         ("tensorflow.python.distribute.mirrored_strategy", "MirroredStrategy._collective_key_base")],
+    "save_on_read_variables_with_one_reduction": [
+        ("tensorflow.python.distribute.values", "DistributedDelegate.__getattr__",
+         "getattr(self._get(), name)"),
+        ("tensorflow.python.checkpoint.functional_saver", "_single_shard_save",
+         'hasattr(tensor, "_wrapped_name")'),
+        ("tensorflow.python.checkpoint.functional_saver", "_single_shard_save",
+         'hasattr(tensor, "_wrapped_slice_spec")'),
+        ("tensorflow.python.checkpoint.saveable_compat", "get_saveable_name",
+         "getattr(cls_or_obj, _LEGACY_SAVEABLE_NAME, None)")],
     "multi_worker_strategy_on_local_devices": [
         ("tensorflow.python.distribute.collective_all_reduce_strategy",
          "CollectiveAllReduceExtended._initialize_local_devices")],
@@ -389,6 +398,37 @@ def test_strategy_seams_hide_scopes_and_make_plain_variables():
     keyed = seam.mirrored_strategy_with_key_base(990_000, ["/cpu:0", "/cpu:1"], None)
     assert keyed.num_replicas_in_sync == 2
     assert tf.distribute.MirroredStrategy._collective_key_base == base  # put back
+
+
+def test_a_checkpoint_save_reduces_each_on_read_variable_once(tmp_path, monkeypatch):
+    from tensorflow.python.distribute import values
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        metric = keras.metrics.Mean()
+    replica = lambda: tf.distribute.get_replica_context().replica_id_in_sync_group  # noqa: E731
+    strategy.run(lambda: metric.update_state(tf.cast(replica(), tf.float32) + 1.0))  # 1 and 2
+    total, count = (seam.variable_storage(v) for v in metric.variables)  # SyncOnReadVariables
+    reads = []
+    reduce_replicas = values.SyncOnReadVariable._get_cross_replica  # noqa: SLF001 - counted
+    monkeypatch.setattr(values.SyncOnReadVariable, "_get_cross_replica",
+                        lambda self: reads.append(self.name) or reduce_replicas(self))
+    seam.save_on_read_variables_with_one_reduction()
+    seam.save_on_read_variables_with_one_reduction()  # idempotent
+    # As a backup saves them (Keras variables), then as TensorFlow variables:
+    # TensorFlow alone reduces each 3 times in either case.
+    for name, saved in [("keras", metric.variables), ("tf", (total, count))]:
+        reads.clear()
+        path = tf.train.Checkpoint(total=saved[0], count=saved[1]).write(str(tmp_path / name))
+        assert sorted(reads) == sorted([total.name, count.name]), name
+        reader = tf.train.load_checkpoint(path)
+        assert reader.get_tensor("total/.ATTRIBUTES/VARIABLE_VALUE") == 3.0  # the replicas' sum
+        assert reader.get_tensor("count/.ATTRIBUTES/VARIABLE_VALUE") == 2.0
+    reads.clear()
+    assert not hasattr(total, "_wrapped_name") and reads == []
+    assert float(total.numpy()) == 3.0 and reads == [total.name]  # the value still reduces
+    total._wrapped_name = "set on the variable"  # noqa: SLF001 - as a DTensor save would
+    assert total._wrapped_name == "set on the variable"  # noqa: SLF001
 
 
 def test_variable_storage_can_be_swapped_for_a_plain_variable_on_another_device():

@@ -1,6 +1,7 @@
 """The seam to tf.distribute's internals: the default strategy, the graph's
 strategy stack, plain variables, parameter-server placement, worker counts,
-collective keys and the local devices of a multi-worker strategy.
+collective keys, the local devices of a multi-worker strategy and the reads of
+`ON_READ` variables when a checkpoint is saved.
 
 Example:
 
@@ -226,3 +227,52 @@ def multi_worker_strategy_on_local_devices(resolver, options, device_type, count
 
     _Strategy.__name__ = _Strategy.__qualname__ = "MultiWorkerMirroredStrategy"
     return _Strategy()
+
+
+# The attributes TensorFlow's checkpoint code probes on every object and value
+# it saves: `_wrapped_name` and `_wrapped_slice_spec` in
+# `functional_saver._single_shard_save` (set on DTensor save tensors only),
+# `_LEGACY_SAVEABLE_NAME` in `saveable_compat.get_saveable_name` (a class
+# attribute of a few legacy trackables, never of a variable).
+_SAVER_PROBES = ("_wrapped_name", "_wrapped_slice_spec", "_LEGACY_SAVEABLE_NAME")
+
+
+def save_on_read_variables_with_one_reduction():
+    """Makes a checkpoint save reduce each `ON_READ` variable once, not three times.
+
+    TensorFlow's checkpoint code asks every value it saves whether it
+    carries `_wrapped_name` and `_wrapped_slice_spec` (set on DTensor save
+    tensors only), and every object whether its class has a
+    `_LEGACY_SAVEABLE_NAME`. A distributed variable answers an attribute it
+    lacks by reading its value, and an `ON_READ` one (Keras metric totals and
+    counts) read in cross-replica context is a reduction over the replicas:
+    under `MultiWorkerMirroredStrategy` an eager all-reduce across the workers
+    for each question, before the save's own read. Answered here without
+    reading (a distributed variable never holds them; one set on it directly
+    is still found), each save does one reduction per `ON_READ` variable.
+    Idempotent; what is saved does not change.
+
+    Private: `tensorflow.python.distribute.values.DistributedDelegate.__getattr__`
+    (the delegation), the probes of `functional_saver._single_shard_save` and
+    `saveable_compat.get_saveable_name`.
+
+    Example:
+
+    >>> save_on_read_variables_with_one_reduction()   # BackupWriter calls it
+    >>> hasattr(metric.variables[0], "_wrapped_name")   # no all-reduce
+    False
+    """
+    from tensorflow.python.distribute import values
+
+    delegate = values.DistributedDelegate
+    if getattr(delegate.__getattr__, "tfdist_answers_saver_probes", False):
+        return
+    delegated = delegate.__getattr__
+
+    def __getattr__(self, name):
+        if name in _SAVER_PROBES:
+            raise AttributeError(name)
+        return delegated(self, name)
+
+    __getattr__.tfdist_answers_saver_probes = True
+    delegate.__getattr__ = __getattr__

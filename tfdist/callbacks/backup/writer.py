@@ -20,6 +20,7 @@ from tfdist.callbacks.backup.errors import BackupWriteError, summarize_error
 from tfdist.callbacks.backup.index import (parse_index, remove_quietly, write_index,
                                            survey_backups)
 from tfdist.callbacks.backup.store import CHECKPOINT_NAME, INDEX_NAME
+from tfdist.seam import save_on_read_variables_with_one_reduction
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class BackupWriter:
         self.max_to_keep = max_to_keep
         self.is_chief = is_chief
         self.worker_name = worker_name
+        # Each save reads an ON_READ variable (a metric total: an all-reduce
+        # across workers) once, not three times.
+        save_on_read_variables_with_one_reduction()
         if not is_chief:
             remove_stale_temporary_folders(worker_name)
 
