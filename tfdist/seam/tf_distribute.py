@@ -259,7 +259,8 @@ def save_on_read_variables_with_one_reduction():
     Example:
 
     >>> save_on_read_variables_with_one_reduction()   # BackupWriter calls it
-    >>> hasattr(metric.variables[0], "_wrapped_name")   # no all-reduce
+    >>> total = variable_storage(metric.variables[0])   # a SyncOnReadVariable
+    >>> hasattr(total, "_wrapped_name")                 # answered without an all-reduce
     False
     """
     from tensorflow.python.distribute import values
