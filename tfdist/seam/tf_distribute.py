@@ -11,6 +11,7 @@ Example:
 """
 
 import contextlib
+import functools
 
 
 def default_strategy():
@@ -270,6 +271,7 @@ def save_on_read_variables_with_one_reduction():
         return
     delegated = delegate.__getattr__
 
+    @functools.wraps(delegated)  # TensorFlow's stays reachable (`__wrapped__`)
     def __getattr__(self, name):
         if name in _SAVER_PROBES:
             raise AttributeError(name)
