@@ -257,9 +257,14 @@ def save_on_read_variables_with_one_reduction():
     (the delegation), the probes of `functional_saver._single_shard_save` and
     `saveable_compat.get_saveable_name`.
 
+    Returns:
+        True when installed by this call, False when it already was (as
+        `install_quiet_device_iterators` and `leave_tfdist_code_unconverted`).
+
     Example:
 
     >>> save_on_read_variables_with_one_reduction()   # BackupWriter calls it
+    False
     >>> total = variable_storage(metric.variables[0])   # a SyncOnReadVariable
     >>> hasattr(total, "_wrapped_name")                 # answered without an all-reduce
     False
@@ -268,7 +273,7 @@ def save_on_read_variables_with_one_reduction():
 
     delegate = values.DistributedDelegate
     if getattr(delegate.__getattr__, "tfdist_answers_saver_probes", False):
-        return
+        return False
     delegated = delegate.__getattr__
 
     @functools.wraps(delegated)  # TensorFlow's stays reachable (`__wrapped__`)
@@ -279,3 +284,4 @@ def save_on_read_variables_with_one_reduction():
 
     __getattr__.tfdist_answers_saver_probes = True
     delegate.__getattr__ = __getattr__
+    return True
