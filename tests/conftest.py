@@ -106,3 +106,16 @@ def mixed_bfloat16():
 def mixed_float16():
     """Runs a test under the global `mixed_float16` policy, restoring the previous one."""
     yield from _under_global_policy("mixed_float16")
+
+
+
+@pytest.fixture
+def frees_caught_training_errors():
+    """For tests that catch an error raised out of a training loop: collects the
+    reference cycles such a catch leaves, when the test ends, while the loop's
+    tf.data iterators are young (`helpers.caught_errors`). Use it per module:
+    `pytestmark = pytest.mark.usefixtures("frees_caught_training_errors")`."""
+    from helpers.caught_errors import free_what_caught_errors_hold
+
+    yield
+    free_what_caught_errors_hold()
