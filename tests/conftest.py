@@ -108,7 +108,6 @@ def mixed_float16():
     yield from _under_global_policy("mixed_float16")
 
 
-
 @pytest.fixture
 def frees_caught_training_errors():
     """For tests that catch an error raised out of a training loop: collects the
