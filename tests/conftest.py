@@ -18,12 +18,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ["TFDIST_AUTOTUNE"] = "off"
 
 from helpers.paths import WITHOUT_BENCH_EXTRA  # noqa: E402
+from helpers.young_iterators import YoungIterators  # noqa: E402
 from tfdist.distribute.devices import split_cpu_into_logical_devices  # noqa: E402
 
 LOGICAL_CPUS = 2
 split_cpu_into_logical_devices(LOGICAL_CPUS)
 
 PYTHON = sys.executable
+# The tf.data iterators each test leaves alive, collected after it while young
+# (see tests/helpers/young_iterators.py: old ones stall their destructor).
+YOUNG_ITERATORS = YoungIterators()
 
 
 def hide_bench_extra_from_child_processes(environ):
@@ -50,10 +54,12 @@ def is_xdist_controller(config):
 def pytest_configure(config):
     """In the process that runs tests (a pytest-xdist worker, or pytest
     itself with `-n 0`), the processes its tests start see no matplotlib
-    (`hide_bench_extra_from_child_processes`). Not in pytest-xdist's
+    (`hide_bench_extra_from_child_processes`), and the tf.data iterators its
+    tests make are watched (`YOUNG_ITERATORS`). Not in pytest-xdist's
     controller: the workers it starts keep matplotlib for the plot tests."""
     if not is_xdist_controller(config):
         hide_bench_extra_from_child_processes(os.environ)
+        YOUNG_ITERATORS.watch()
 
 
 @pytest.fixture(autouse=True)
@@ -108,13 +114,11 @@ def mixed_float16():
     yield from _under_global_policy("mixed_float16")
 
 
-@pytest.fixture
-def frees_caught_training_errors():
-    """For tests that catch an error raised out of a training loop: collects the
-    reference cycles such a catch leaves, when the test ends, while the loop's
-    tf.data iterators are young (`helpers.caught_errors`). Use it per module:
-    `pytestmark = pytest.mark.usefixtures("frees_caught_training_errors")`."""
-    from helpers.caught_errors import free_what_caught_errors_hold
-
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test and its fixtures' teardown: if the test left a tf.data
+    iterator alive, one full collection frees it now, while it is young, if
+    only a reference cycle kept it (`helpers.young_iterators`)."""
     yield
-    free_what_caught_errors_hold()
+    module_ends = nextitem is None or nextitem.path != item.path
+    YOUNG_ITERATORS.collect_if_left_alive(module_ends, why=item.nodeid)

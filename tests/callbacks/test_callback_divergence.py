@@ -27,10 +27,6 @@ from tfdist.training import Trainer
 from helpers.interrupt import Interrupted, InterruptAfterSteps
 from helpers.workers import train_common as common
 
-# These tests catch errors raised out of training loops: collect what the catch
-# keeps while its tf.data iterators are young (tests/helpers/caught_errors.py).
-pytestmark = pytest.mark.usefixtures("frees_caught_training_errors")
-
 
 # ------------------------------------------------------------- the rule
 def feed(guard, epochs):

@@ -9,10 +9,6 @@ import pytest
 from tfdist.callbacks.nan_guard import NanGuard, NonFiniteLossError
 from helpers.workers.train_common import PoisonWeights
 
-# These tests catch errors raised out of training loops: collect what the catch
-# keeps while its tf.data iterators are young (tests/helpers/caught_errors.py).
-pytestmark = pytest.mark.usefixtures("frees_caught_training_errors")
-
 STEPS = 4  # batches per epoch in these tests
 
 

@@ -15,10 +15,6 @@ from tfdist.data import (CorruptDataError, ImageNetTFRecordSource, SkippedRecord
                          find_cut_tfrecords, make_dataset_fn, make_source, read_tfrecords,
                          write_image_tfrecords, write_token_tfrecords)
 
-# These tests catch errors raised out of training loops: collect what the catch
-# keeps while its tf.data iterators are young (tests/helpers/caught_errors.py).
-pytestmark = pytest.mark.usefixtures("frees_caught_training_errors")
-
 RECORDS_PER_FILE = 25
 
 

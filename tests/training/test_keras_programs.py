@@ -83,7 +83,6 @@ def test_an_uncompiled_model_without_an_optimizer_is_refused_with_the_way_out():
         Trainer(model)
 
 
-@pytest.mark.usefixtures("frees_caught_training_errors")  # catches an error out of fit
 def test_a_masked_loss_among_several_is_refused_on_two_replicas():
     strategy = mirrored(2)
     with strategy.scope():
@@ -173,7 +172,6 @@ def test_shuffled_arrays_use_every_row_once_per_epoch_on_two_replicas():
     assert history["targets_squares"] == pytest.approx([float(np.sum(y ** 2))] * 2, rel=1e-6)
 
 
-@pytest.mark.usefixtures("frees_caught_training_errors")  # catches an error out of fit
 def test_a_model_without_any_loss_is_refused_when_training_starts():
     strategy = mirrored(2)
     with strategy.scope():
