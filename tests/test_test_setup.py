@@ -1,5 +1,6 @@
 """The suite's own set-up (tests/conftest.py): the processes the tests start see no
-matplotlib, as in tfdist's default install, while the tests themselves do; the
+matplotlib, as in tfdist's default install, while the tests themselves do, and
+read tfdist's bytecode instead of compiling it; the
 tf.data iterators a test leaves alive are collected after it, once, while young
 (tests/helpers/young_iterators.py)."""
 
@@ -10,7 +11,7 @@ import sys
 import weakref
 
 import pytest
-from helpers.paths import WITHOUT_BENCH_EXTRA
+from helpers.paths import REPO_ROOT, WITHOUT_BENCH_EXTRA
 from helpers.young_iterators import YoungIterators
 
 
@@ -27,6 +28,19 @@ def test_the_test_process_keeps_matplotlib_for_the_plot_tests():
     assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == WITHOUT_BENCH_EXTRA
     spec = importlib.util.find_spec("matplotlib")
     assert spec is not None and WITHOUT_BENCH_EXTRA not in spec.origin, spec
+
+
+def test_child_processes_read_tfdist_bytecode_without_writing_any():
+    # As on the project's test machines: no process writes bytecode on import.
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    result = subprocess.run([sys.executable, "-v", "-c", "import tfdist.recipes.recipe_runner"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    source = os.path.join(REPO_ROOT, "tfdist", "recipes", "recipe_runner.py")
+    # What `python -v` says when an import reads a source's up-to-date bytecode.
+    read = f"# {importlib.util.cache_from_source(source)} matches {source}"
+    assert read in result.stderr.splitlines(), [line for line in result.stderr.splitlines()
+                                                if "recipe_runner" in line]
 
 
 @pytest.fixture
