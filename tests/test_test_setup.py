@@ -1,7 +1,7 @@
 """The suite's own set-up (tests/conftest.py): the processes the tests start see no
 matplotlib, as in tfdist's default install, while the tests themselves do, and
-read tfdist's bytecode instead of compiling it; the
-tf.data iterators a test leaves alive are collected after it, once, while young
+read tfdist's bytecode instead of compiling it; the tf.data iterators a test
+leaves alive are collected after it, once, while young
 (tests/helpers/young_iterators.py)."""
 
 import importlib.util

@@ -33,7 +33,7 @@ import time
 import weakref
 
 _watchers = []  # the YoungIterators told of every new iterator
-_wrapped = {}   # iterator class -> its own __init__, once wrapped
+_wrapped = set()  # the iterator classes whose __init__ is wrapped
 
 
 def _iterator_classes():
@@ -56,7 +56,7 @@ def _tell_watchers_on_init(cls):
         for watcher in _watchers:
             watcher.saw(self)
 
-    _wrapped[cls] = own_init
+    _wrapped.add(cls)
     cls.__init__ = init
 
 
