@@ -6,6 +6,7 @@ Example:
     model = build_decoder_lm(transformer_config("tiny", vocab_size=64, max_len=40))
 """
 
+from tfdist.models.batch_norm import FusedBatchNormalization
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 from tfdist.models.layout_maps import decoder_lm_layout_map, resnet_layout_map
 from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
@@ -55,6 +56,7 @@ __all__ = [
     "sparse_label_smoothing_loss",
     "TRANSFORMER_SIZES",
     "DecoderBlock",
+    "FusedBatchNormalization",
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
     "PaddingMask",

@@ -21,7 +21,7 @@ The results differ from Keras's ops by rounding only (tested). One forward
 and backward of batch norm and ReLU over a `[128, 32, 32, 64]` tensor on an
 AMX Xeon took 32 ms against Keras's 89 ms in bfloat16 (24 against 71 ms in
 float32), and a whole training step of the `resnet_tiny` CNN at batch 128
-1.9x (bfloat16) and 1.5x (float32) less time; see the performance notes.
+ran 1.9x (bfloat16) and 1.5x (float32) faster; see the experiment notes.
 
 Example:
     x = keras.layers.Conv2D(64, 3, use_bias=False)(x)
