@@ -179,3 +179,14 @@ def test_default_sweep_extent_is_every_gpu_or_two_cpu_devices():
     assert default_max_replicas({"CUDA_VISIBLE_DEVICES": "-1"}) == 2
     assert sweep_counts(1) == [1]
     assert sweep_counts(16) == [1, 2, 4, 8, 16]
+
+
+def test_the_benchs_tfdist_defaults_leave_the_resnets_step_uncompiled_on_cpus_as_the_recipe():
+    from tfdist.bench.engines import Contender, Setting
+    from tfdist.distribute.strategy_factory import create_strategy
+
+    strategy = create_strategy("default")
+    auto = Contender(Setting("tfdist", "float32", "auto"), Workload("cnn"), strategy, 16)
+    assert auto.jit_compile is False and "fused batch-norm kernels" in auto.xla_reason
+    asked = Contender(Setting("tfdist", "float32", "on"), Workload("cnn"), strategy, 16)
+    assert asked.jit_compile is True

@@ -12,10 +12,10 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "24", "--validation-steps", "2", 
 
 @pytest.mark.slow
 def test_mirrored_on_two_logical_devices_learns():
-    # Precision pinned: what `auto` picks depends on the CPU (bfloat16 where it
-    # has AMX/AVX512-BF16, and then XLA stays off); float32 compiles on any CPU.
+    # Precision and XLA pinned: what `auto` picks depends on the CPU; float32 with
+    # XLA compiles on any CPU (auto leaves the ResNet's step uncompiled on CPUs).
     result = run_recipe("cnn", ["--strategy", "mirrored", "--devices", "2", "--precision", "fp32",
-                                *SHORT])
+                                "--xla", "on", *SHORT])
     assert result.returncode == 0, result.stdout[-4000:]
     out = result.stdout
     assert "mirrored: 2 replica(s) on 1 worker(s)" in out
@@ -37,7 +37,7 @@ def test_two_workers_through_the_launcher_train():
 
 
 def test_sync_bn_turns_auto_xla_off_and_says_why():
-    # float32, where auto would otherwise compile on any CPU: the reason must be the model's.
+    # The reason must be the blocker's (the collective), not the fused batch norms'.
     result = run_recipe("cnn", ["--strategy", "mirrored", "--devices", "2", "--sync-bn",
                                 "--precision", "float32",
                                 "--epochs", "1", "--steps-per-epoch", "2", "--warmup-steps", "0",

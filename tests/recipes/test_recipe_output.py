@@ -165,6 +165,22 @@ def test_print_config_applies_a_model_that_cannot_compile():
     assert resolved["xla"] is False and "synchronised batch norm" in resolved["xla_reason"]
 
 
+def test_print_config_leaves_the_resnets_step_uncompiled_on_cpus_unless_asked():
+    """float32 on a CPU, where auto compiles the Transformer's step: the ResNet's fused
+    batch norms are faster uncompiled, so auto leaves XLA off, saying why; `--xla on`
+    still compiles it."""
+    resolved = {}
+    for xla in ("auto", "on"):
+        result = run_user("cnn", ["--print-config", "--xla", xla],
+                          env={"TFDIST_CPU_FLAGS": AVX2_ONLY}, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:]
+        resolved[xla] = yaml.safe_load(result.stdout)["resolved"]
+    assert resolved["auto"]["precision"] == "float32"
+    assert resolved["auto"]["xla"] is False
+    assert "fused batch-norm kernels run its step faster" in resolved["auto"]["xla_reason"]
+    assert resolved["on"]["xla"] is True
+
+
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_tensorflow_logging_is_shown_when_asked_for(how):
     args, env = ["--print-config"], {"TFDIST_CPU_FLAGS": AVX2_ONLY}

@@ -171,12 +171,15 @@ class Contender:
                 if setting.loss == "keras":
                     loss, metrics = workload.keras_standard_loss()
                 if setting.engine == "tfdist":
-                    jit, reason = resolve_xla(setting.xla, self.policy, on_gpu=gpu_count() > 0)
+                    on_gpu = gpu_count() > 0
+                    jit, reason = resolve_xla(setting.xla, self.policy, on_gpu=on_gpu)
                     if jit and built.xla_blocker:
                         if setting.xla == "on":
                             raise ValueError(f"XLA on is not possible for this model: "
                                              f"{built.xla_blocker}.")
                         jit, reason = False, f"auto: {built.xla_blocker}"
+                    if jit and setting.xla == "auto" and not on_gpu and built.xla_slower_on_cpu:
+                        jit, reason = False, f"auto: {built.xla_slower_on_cpu}"  # as the recipes
                     self.trainer = Trainer(built.model, optimizer, loss, metrics,
                                            strategy=strategy, jit_compile=jit)
                     self.jit_compile, self.xla_reason = jit, reason

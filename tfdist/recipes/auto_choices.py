@@ -177,6 +177,9 @@ def rule_choices(recipe, config, on_gpu):
         model_parallel_xla_blocker(config)) or tensor_parallel_xla_blocker(config) or (
         parameter_server_xla_blocker(config))
     jit_compile, xla_reason = respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
+    slower = recipe.xla_slower_on_cpu(config) if recipe.xla_slower_on_cpu else None
+    if slower and jit_compile and config.xla == "auto" and not on_gpu:
+        jit_compile, xla_reason = False, f"auto: {slower}"
     return precision, jit_compile, xla_reason
 
 

@@ -81,6 +81,10 @@ class Recipe:
         xla_blocker: `config -> str or None`: why the model this config
             builds cannot be XLA-compiled (known before it is built, for
             `--print-config`); None when every model can be.
+        xla_slower_on_cpu: `config -> str or None`: why `--xla auto` leaves
+            the step of the model this config builds uncompiled on CPUs,
+            where XLA would slow it down (`--xla on` still compiles it);
+            None when the general rules apply.
         train_examples: `config -> int or None`: the number of training
             examples when it is known without reading data (an embedded
             dataset), so that a warmup longer than the run is refused before
@@ -114,6 +118,7 @@ class Recipe:
     build_data: Callable
     build_model: Callable
     xla_blocker: Callable = None
+    xla_slower_on_cpu: Callable = None
     train_examples: Callable = None
     epilog: str = None
     check_config: Callable = None
