@@ -79,26 +79,25 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         scale = self.gamma if self.scale else tf.ones([channels], tf.float32)
         offset = self.beta if self.center else tf.zeros([channels], tf.float32)
         scale, offset = tf.cast(scale, tf.float32), tf.cast(offset, tf.float32)
-        if training and self.trainable:
-            empty = tf.constant([], tf.float32)
-            y, mean, variance = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=scale, offset=offset, mean=empty, variance=empty,
-                epsilon=self.epsilon, exponential_avg_factor=1.0, data_format="NHWC",
-                is_training=True)[:3]
+        training = bool(training and self.trainable)  # as Keras: a frozen layer infers
+        if training:  # the kernel computes the batch's statistics
+            mean = variance = tf.constant([], tf.float32)
+        else:
+            mean = tf.cast(self.moving_mean, tf.float32)
+            variance = tf.cast(self.moving_variance, tf.float32)
+        y, batch_mean, batch_variance = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=scale, offset=offset, mean=mean, variance=variance,
+            epsilon=self.epsilon, exponential_avg_factor=1.0, data_format="NHWC",
+            is_training=training)[:3]
+        if training:
             # The kernel's batch variance is the unbiased one; Keras's moving
             # variance averages the biased one (what the normalization used).
             count = tf.cast(tf.size(x, out_type=tf.int64) // channels, tf.float32)
-            variance = tf.math.multiply_no_nan(variance, (count - 1.0) / count)
+            batch_variance = tf.math.multiply_no_nan(batch_variance, (count - 1.0) / count)
             self.moving_mean.assign(
                 tf.cast(self.moving_mean, tf.float32) * self.momentum
-                + mean * (1.0 - self.momentum))
+                + batch_mean * (1.0 - self.momentum))
             self.moving_variance.assign(
                 tf.cast(self.moving_variance, tf.float32) * self.momentum
-                + variance * (1.0 - self.momentum))
-            return y
-        return tf.raw_ops.FusedBatchNormV3(
-            x=x, scale=scale, offset=offset,
-            mean=tf.cast(self.moving_mean, tf.float32),
-            variance=tf.cast(self.moving_variance, tf.float32),
-            epsilon=self.epsilon, exponential_avg_factor=1.0, data_format="NHWC",
-            is_training=False)[0]
+                + batch_variance * (1.0 - self.momentum))
+        return y
