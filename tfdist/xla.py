@@ -12,6 +12,9 @@ that choice (README, Performance):
 - bfloat16 on CPUs: TensorFlow's own bfloat16 kernels beat XLA's (on an
   Intel Xeon with AMX: 5,040 vs 4,500 tokens/s on the small Transformer;
   XLA's CPU bfloat16 matmul does not use AMX).
+- A model whose step is faster uncompiled on CPUs says why
+  (`leave_uncompiled_where_slower`): the CNN recipe's ResNets, whose fused
+  batch norms ran the float32 step 1.98x faster without XLA on an AMX Xeon.
 
 Example:
 
@@ -54,3 +57,25 @@ def resolve_xla(mode, precision_policy, on_gpu):
     if precision_policy == "mixed_bfloat16":
         return False, "auto: TensorFlow's bfloat16 CPU kernels beat XLA's"
     return True, "auto: XLA fuses the elementwise ops of float32 steps on CPUs"
+
+
+def leave_uncompiled_where_slower(mode, jit_compile, reason, slower_on_cpu, on_gpu):
+    """Turns `auto`'s XLA off on CPUs for a model that XLA would slow down there.
+
+    Applied after the model's blockers (a model that cannot be compiled says
+    so first); `--xla on` still compiles it.
+
+    Args:
+        mode: "auto", "on" or "off".
+        jit_compile, reason: the decision so far (`resolve_xla`'s, after any blocker).
+        slower_on_cpu: why this model's step is faster uncompiled on CPUs, or None.
+        on_gpu: whether the step runs on GPUs.
+
+    Example:
+
+    >>> leave_uncompiled_where_slower("auto", True, "auto: ...", "fused kernels", on_gpu=False)
+    (False, 'auto: fused kernels')
+    """
+    if slower_on_cpu and jit_compile and mode == "auto" and not on_gpu:
+        return False, f"auto: {slower_on_cpu}"
+    return jit_compile, reason

@@ -127,7 +127,7 @@ class Contender:
         from tfdist.data import distribute_dataset, make_dataset_fn
         from tfdist.distribute.devices import gpu_count
         from tfdist.precision import resolve_precision
-        from tfdist.xla import resolve_xla
+        from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
         from tfdist.distribute.introspection import describe_strategy
         from tfdist.training import Trainer
 
@@ -178,8 +178,8 @@ class Contender:
                             raise ValueError(f"XLA on is not possible for this model: "
                                              f"{built.xla_blocker}.")
                         jit, reason = False, f"auto: {built.xla_blocker}"
-                    if jit and setting.xla == "auto" and not on_gpu and built.xla_slower_on_cpu:
-                        jit, reason = False, f"auto: {built.xla_slower_on_cpu}"  # as the recipes
+                    jit, reason = leave_uncompiled_where_slower(  # as the recipes
+                        setting.xla, jit, reason, built.xla_slower_on_cpu, on_gpu)
                     self.trainer = Trainer(built.model, optimizer, loss, metrics,
                                            strategy=strategy, jit_compile=jit)
                     self.jit_compile, self.xla_reason = jit, reason

@@ -26,7 +26,7 @@ from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xl
 from tfdist.recipes.record import config_values
 from tfdist.recipes.tensor_parallel_flags import precision_under_tensor_parallel
 from tfdist.recipes.tensor_parallel_flags import xla_blocker as tensor_parallel_xla_blocker
-from tfdist.xla import resolve_xla
+from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
 
 
 def skip_reason(config, info):
@@ -178,8 +178,8 @@ def rule_choices(recipe, config, on_gpu):
         parameter_server_xla_blocker(config))
     jit_compile, xla_reason = respect_xla_blocker(config.xla, jit_compile, xla_reason, blocker)
     slower = recipe.xla_slower_on_cpu(config) if recipe.xla_slower_on_cpu else None
-    if slower and jit_compile and config.xla == "auto" and not on_gpu:
-        jit_compile, xla_reason = False, f"auto: {slower}"
+    jit_compile, xla_reason = leave_uncompiled_where_slower(config.xla, jit_compile, xla_reason,
+                                                            slower, on_gpu)
     return precision, jit_compile, xla_reason
 
 
