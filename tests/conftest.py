@@ -69,9 +69,16 @@ def is_xdist_controller(config):
     return config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
 
 
+BYTECODE_WRITTEN = pytest.StashKey()
+
+
 def pytest_report_header(config):
-    """Says, on the session's first lines, that the bytecode was written."""
-    return ["bytecode: tfdist's and the tests' helpers' written at the start, for the "
+    """Says, on the session's first lines, whether the bytecode was written."""
+    written = config.stash.get(BYTECODE_WRITTEN, None)
+    if written is None:  # a pytest-xdist worker: the session's first process wrote it
+        return []
+    state = "written" if written else "NOT all written (compileall failed on some file)"
+    return [f"bytecode: tfdist's and the tests' helpers' {state} at the start, for the "
             "processes the tests start (compile_bytecode_for_child_processes)"]
 
 
@@ -84,7 +91,7 @@ def pytest_configure(config):
     tests make are watched (`YOUNG_ITERATORS`). Not in pytest-xdist's
     controller: the workers it starts keep matplotlib for the plot tests."""
     if not hasattr(config, "workerinput"):  # once per session, before any worker starts
-        compile_bytecode_for_child_processes()
+        config.stash[BYTECODE_WRITTEN] = compile_bytecode_for_child_processes()
     if not is_xdist_controller(config):
         hide_bench_extra_from_child_processes(os.environ)
         YOUNG_ITERATORS.watch()
