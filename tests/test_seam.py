@@ -11,8 +11,12 @@ tests after those check what each seam does, where that is cheap."""
 
 import importlib
 import inspect
+import os
 import pathlib
+import pkgutil
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -35,6 +39,9 @@ def broken(name, what):
 # seam function -> the internals it uses: (module, "Class.attribute" or "function"),
 # or (module, "Class", "source text") for an attribute set in the class's code.
 PINS = {
+    "defer_keras_matplotlib_import": [
+        ("keras.src.visualization.plot_image_gallery", "plt"),
+        ("keras.src.visualization.plot_bounding_box_gallery", "patches")],
     "install_quiet_device_iterators": [
         ("tensorflow.python.data.ops.multi_device_iterator_ops", "_create_device_dataset")],
     "per_replica_value_spec": [
@@ -205,9 +212,8 @@ def test_the_internal_behind_each_seam_exists(name, pin):
 
 def test_every_seam_function_is_pinned():
     public = set()
-    for module_name in ("keras_data", "keras_losses", "keras_model", "keras_optimizer",
-                        "tf_data", "tf_distribute", "tf_runtime", "keras_callbacks"):
-        module = importlib.import_module(f"tfdist.seam.{module_name}")
+    for module_info in pkgutil.iter_modules(seam.__path__):
+        module = importlib.import_module(f"tfdist.seam.{module_info.name}")
         public |= {name for name, value in vars(module).items()
                    if not name.startswith("_") and getattr(value, "__module__", "") == module.__name__}
     assert sorted(public - set(PINS)) == [], "seam functions without a pin in PINS"
@@ -601,3 +607,55 @@ def test_runtime_seams_answer_without_a_cluster_or_gpu():
     assert callable(store.set_config_key_value) and callable(store.get_config_key_value)
     assert seam.local_gpu_memory_limits() == []  # this machine has no GPU
     assert seam.forget_retracing_counts() is True
+
+
+KERAS_PLOTS_AFTER_TFDIST = """
+import sys
+import numpy as np
+{before}
+import tfdist
+import keras
+print("matplotlib imported with keras:", "matplotlib" in sys.modules)
+try:
+    keras.visualization.plot_image_gallery(np.random.rand(4, 8, 8, 3), value_range=(0, 1),
+                                           path=sys.argv[1])
+except ImportError as error:
+    print("ImportError:", error)
+    raise SystemExit(0)
+import matplotlib.patches
+import matplotlib.pyplot
+from keras.src.visualization import plot_bounding_box_gallery, plot_image_gallery
+print("the program's pyplot is Keras's:",
+      plot_image_gallery.plt.subplots is matplotlib.pyplot.subplots,
+      plot_bounding_box_gallery.patches.Patch is matplotlib.patches.Patch)
+"""
+
+
+def _plot_after_tfdist(tmp_path, before=""):
+    """Runs KERAS_PLOTS_AFTER_TFDIST in a new process that sees the real matplotlib
+    (the processes tests start otherwise have it hidden: tests/conftest.py)."""
+    from helpers.paths import REPO_ROOT, WITHOUT_BENCH_EXTRA
+
+    path = tmp_path / "gallery.png"
+    python_path = [REPO_ROOT, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in python_path if p and p != WITHOUT_BENCH_EXTRA))
+    result = subprocess.run([sys.executable, "-c", KERAS_PLOTS_AFTER_TFDIST.format(before=before),
+                             str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout, path
+
+
+def test_keras_imported_after_tfdist_imports_matplotlib_at_its_first_plot(tmp_path):
+    out, path = _plot_after_tfdist(tmp_path)
+    assert "matplotlib imported with keras: False" in out, out[-3000:]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out[-3000:]
+    assert "the program's pyplot is Keras's: True True" in out, out[-3000:]
+
+
+def test_without_matplotlib_keras_keeps_its_own_install_message(tmp_path):
+    out, path = _plot_after_tfdist(tmp_path, before="sys.modules['matplotlib'] = None")
+    assert "ImportError: The `plot_image_gallery` function requires the `matplotlib` package" \
+        in out, out[-3000:]
+    assert not path.exists()

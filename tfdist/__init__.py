@@ -2,7 +2,9 @@
 
 The package root stays light (no TensorFlow import) so that tools such as the
 launcher start instantly; importing it makes the program's first
-`import tensorflow` quiet (`tfdist.runtime.tf_logging.quiet_tensorflow_import`).
+`import tensorflow` quiet (`tfdist.runtime.tf_logging.quiet_tensorflow_import`)
+and its first `import keras` leave matplotlib for Keras's first plot
+(`tfdist.seam.keras_import`).
 The two names most programs need load on first use:
 
     import tfdist
@@ -13,6 +15,7 @@ The two names most programs need load on first use:
 from tfdist.runtime.lazy_exports import lazy_exports
 from tfdist.old_paths import install_old_paths
 from tfdist.runtime.tf_logging import quiet_tensorflow_import
+from tfdist.seam.keras_import import defer_keras_matplotlib_import
 
 __version__ = "0.1.0"
 
@@ -24,5 +27,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
 # TensorFlow's C++ start-up lines stay hidden when it is imported after tfdist
 # (TF_CPP_MIN_LOG_LEVEL=0 shows them); see tfdist.runtime.tf_logging.
 quiet_tensorflow_import()
+# Keras imports matplotlib when it first plots, not when it is imported
+# (0.7 s of CPU per process where matplotlib is installed); see tfdist.seam.keras_import.
+defer_keras_matplotlib_import()
 # `from tfdist.strategy import ...` and the other paths of the last release.
 install_old_paths()

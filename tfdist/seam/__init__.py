@@ -10,8 +10,8 @@ which names the seam and the installed Keras/TensorFlow versions when an
 upgrade moves an internal. A TensorFlow or Keras upgrade then means reading
 this package and running that test, not grepping the package.
 
-One module per topic: `keras_optimizer`, `keras_losses`, `keras_model`,
-`keras_data`, `keras_callbacks`, `tf_distribute`, `tf_data`, `tf_runtime`.
+One module per topic: `keras_import`, `keras_optimizer`, `keras_losses`,
+`keras_model`, `keras_data`, `keras_callbacks`, `tf_distribute`, `tf_data`, `tf_runtime`.
 Importing `tfdist.seam` imports neither TensorFlow nor Keras; each function
 does when called (`ProgbarLoggerHooks`, a Keras class, loads on first use).
 
@@ -27,6 +27,7 @@ from tfdist.seam.keras_data import (keras_array_adapter, keras_can_convert_array
                                     keras_packed_arrays, keras_python_input_dataset,
                                     keras_sliceable, keras_sparse_rows,
                                     keras_train_validation_split)
+from tfdist.seam.keras_import import defer_keras_matplotlib_import
 from tfdist.seam.keras_losses import (compile_loss_entries, compile_loss_entries_replaced,
                                       declare_metric_direction, get_keras_mask,
                                       keras_loss_function_wrapper, keras_loss_scaling_disabled,
@@ -75,6 +76,7 @@ __all__ = [
     "create_plain_variable",
     "declare_metric_direction",
     "default_strategy",
+    "defer_keras_matplotlib_import",
     "direct_sublayers",
     "forget_retracing_counts",
     "get_keras_mask",
