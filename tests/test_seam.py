@@ -39,7 +39,7 @@ def broken(name, what):
 # seam function -> the internals it uses: (module, "Class.attribute" or "function"),
 # or (module, "Class", "source text") for an attribute set in the class's code.
 PINS = {
-    "defer_keras_matplotlib_import": [
+    "keras_import_without_matplotlib": [
         ("keras.src.visualization.plot_image_gallery", "plt"),
         ("keras.src.visualization.plot_bounding_box_gallery", "patches")],
     "install_quiet_device_iterators": [

@@ -35,12 +35,12 @@ Example:
 """
 
 import contextlib
-import importlib.abc
-import importlib.util
 import os
 import re
 import sys
 import tempfile
+
+from tfdist.runtime.first_import import FirstImportHook
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = 3
@@ -153,7 +153,7 @@ def import_tensorflow(level=None):
     level = tf_log_level(level)
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
-    _remove_import_hook()
+    _IMPORT_HOOK.remove()
     os.environ[LOG_LEVEL_ENV] = str(level)
     with tensorflow_lines_filtered(level):
         import tensorflow
@@ -293,43 +293,29 @@ def requested_level(environ=None):
         return None
 
 
-class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
-    """Finds `tensorflow` once, with a loader that imports it quietly."""
+@contextlib.contextmanager
+def quiet_tensorflow_start_up():
+    """TensorFlow's import-time lines filtered at the level the environment asks
+    for at that moment (`requested_level`), which becomes the process's
+    `TF_CPP_MIN_LOG_LEVEL` unless one is set; nothing is filtered when the
+    environment's value is not a level. `quiet_tensorflow_import` runs the
+    process's first `import tensorflow` inside it.
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "tensorflow":
-            return None
-        _remove_import_hook()
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _QuietLoader(spec.loader, spec)
-        return spec
+    Example:
 
-
-class _QuietLoader(importlib.abc.Loader):
-    """Runs the real loader with `tensorflow_lines_filtered`, at the level of the
-    environment at that moment, and hands the module back its real loader."""
-
-    def __init__(self, loader, spec):
-        self._loader = loader
-        self._spec = spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._spec.loader = self._loader
-        module.__loader__ = self._loader
-        level = requested_level()
-        if level is None:
-            self._loader.exec_module(module)
-            return
-        os.environ.setdefault(LOG_LEVEL_ENV, str(level))
-        with tensorflow_lines_filtered(level):
-            self._loader.exec_module(module)
+    >>> with quiet_tensorflow_start_up():
+    ...     import tensorflow
+    """
+    level = requested_level()
+    if level is None:
+        yield
+        return
+    os.environ.setdefault(LOG_LEVEL_ENV, str(level))
+    with tensorflow_lines_filtered(level):
+        yield
 
 
-_IMPORT_HOOK = _QuietTensorFlowFinder()
+_IMPORT_HOOK = FirstImportHook("tensorflow", quiet_tensorflow_start_up)
 
 
 def quiet_tensorflow_import():
@@ -343,12 +329,5 @@ def quiet_tensorflow_import():
     >>> import tfdist  # then:
     >>> import tensorflow  # no start-up lines
     """
-    if "tensorflow" in sys.modules or requested_level() == 0:
-        return
-    if _IMPORT_HOOK not in sys.meta_path:
-        sys.meta_path.insert(0, _IMPORT_HOOK)
-
-
-def _remove_import_hook():
-    if _IMPORT_HOOK in sys.meta_path:
-        sys.meta_path.remove(_IMPORT_HOOK)
+    if requested_level() != 0:
+        _IMPORT_HOOK.install()

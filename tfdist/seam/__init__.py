@@ -27,7 +27,7 @@ from tfdist.seam.keras_data import (keras_array_adapter, keras_can_convert_array
                                     keras_packed_arrays, keras_python_input_dataset,
                                     keras_sliceable, keras_sparse_rows,
                                     keras_train_validation_split)
-from tfdist.seam.keras_import import defer_keras_matplotlib_import
+from tfdist.seam.keras_import import keras_import_without_matplotlib
 from tfdist.seam.keras_losses import (compile_loss_entries, compile_loss_entries_replaced,
                                       declare_metric_direction, get_keras_mask,
                                       keras_loss_function_wrapper, keras_loss_scaling_disabled,
@@ -76,7 +76,6 @@ __all__ = [
     "create_plain_variable",
     "declare_metric_direction",
     "default_strategy",
-    "defer_keras_matplotlib_import",
     "direct_sublayers",
     "forget_retracing_counts",
     "get_keras_mask",
@@ -89,6 +88,7 @@ __all__ = [
     "is_plain_resource_variable",
     "join_predicted_batches",
     "keras_array_adapter",
+    "keras_import_without_matplotlib",
     "keras_can_convert_arrays",
     "keras_class_weight_map_fn",
     "keras_loss_function_wrapper",
