@@ -5,6 +5,8 @@
                     quick="tiny data, 1 round of 2 steps (for tests)")
 """
 
+import argparse
+
 from tfdist.runtime.argtypes import int_at_least
 from tfdist.runtime.tf_logging import add_tf_log_level_flag
 
@@ -55,3 +57,27 @@ def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true", help=quick)
     add_tf_log_level_flag(parser)
+
+
+def split_transformer_parser(prog, description, split_flag, split_default, split_help):
+    """The flags of a benchmark that splits the Transformer over devices (`tfdist bench
+    model-parallel`, `tensor-parallel`): `add_transformer_flags`, the split's own
+    flag (an int >= 2), and `add_round_flags` with these benchmarks' defaults.
+
+    Args:
+        prog, description: the parser's.
+        split_flag, split_default, split_help: the split's flag, e.g. "--shards".
+
+    Example:
+
+    >>> parser = split_transformer_parser("tfdist bench tensor-parallel", "...", "--shards", 2,
+    ...                                   "K devices of the split setting (default 2)")
+    >>> parser.parse_args(["--quick"]).shards
+    2
+    """
+    result = argparse.ArgumentParser(prog=prog, description=description)
+    add_transformer_flags(result)
+    result.add_argument(split_flag, type=int_at_least(2), default=split_default, help=split_help)
+    add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
+                    quick="tiny data, 1 round of 2 steps (for tests)")
+    return result

@@ -30,7 +30,6 @@ Example:
     print(format_report(report))
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -353,21 +352,53 @@ def parser():
     >>> parser().parse_args(["--quick"]).quick
     True
     """
-    from tfdist.bench.flags import add_round_flags, add_transformer_flags
-    from tfdist.runtime.argtypes import int_at_least
+    from tfdist.bench.flags import split_transformer_parser
 
-    result = argparse.ArgumentParser(
-        prog="tfdist bench model-parallel",
-        description="Layer-wise model parallelism on 2 devices (2 GPUs, or 2 logical CPUs): "
-                    "one device vs 2 stages without pipelining (1 micro-batch) vs 2 pipelined "
-                    "stages (GPipe), alternating rounds: step time, throughput and the bubble "
-                    "fraction (GPipe's formula and measured from a profiler trace).")
-    add_transformer_flags(result)
-    result.add_argument("--micro-batches", type=int_at_least(2), default=4,
-                        help="micro-batches of the pipelined setting (default 4)")
-    add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
-                    quick="tiny data, 1 round of 2 steps (for tests)")
-    return result
+    return split_transformer_parser(
+        "tfdist bench model-parallel",
+        "Layer-wise model parallelism on 2 devices (2 GPUs, or 2 logical CPUs): one device vs "
+        "2 stages without pipelining (1 micro-batch) vs 2 pipelined stages (GPipe), "
+        "alternating rounds: step time, throughput and the bubble fraction (GPipe's formula "
+        "and measured from a profiler trace).",
+        "--micro-batches", 4, "micro-batches of the pipelined setting (default 4)")
+
+
+def run_split_bench(args, devices, run, format_report, **options):
+    """Runs a benchmark that splits the Transformer over `devices` devices from its
+    parsed flags (`split_transformer_parser`'s), on logical CPUs where there are
+    fewer GPUs, and prints its table (and writes its JSON with `--json-out`).
+
+    Args:
+        args: the parsed flags.
+        devices: how many devices the split setting needs.
+        run: the benchmark, `run(size=..., batch=..., ..., log=print) -> report`.
+        format_report: `format_report(report) -> str`.
+        **options: the benchmark's own arguments (e.g. `shards=2`).
+
+    Returns:
+        The exit code, 0.
+
+    Example:
+
+    >>> run_split_bench(args, 2, run_model_parallel_bench, format_report,
+    ...                 micro_batches=4)  # doctest: +SKIP
+    0
+    """
+    from tfdist.runtime.tf_logging import import_tensorflow
+
+    tf = import_tensorflow(args.tf_log_level)
+    if len(tf.config.list_physical_devices("GPU")) < devices:
+        from tfdist.distribute.devices import split_cpu_into_logical_devices
+
+        split_cpu_into_logical_devices(devices)
+    options.update(size=args.size, batch=args.batch, steps=args.steps, rounds=args.rounds,
+                   sequence_length=args.sequence_length, vocab_size=args.vocab_size,
+                   num_layers=args.layers)
+    if args.quick:
+        options.update(QUICK)
+    report = run(**options, log=print)
+    print_report(format_report(report), report, args.json_out)
+    return 0
 
 
 def main(argv=None):
@@ -378,22 +409,9 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
-    from tfdist.runtime.tf_logging import import_tensorflow
-
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    tf = import_tensorflow(args.tf_log_level)
-    if len(tf.config.list_physical_devices("GPU")) < 2:
-        from tfdist.distribute.devices import split_cpu_into_logical_devices
-
-        split_cpu_into_logical_devices(2)
-    options = dict(size=args.size, batch=args.batch, micro_batches=args.micro_batches,
-                   steps=args.steps, rounds=args.rounds, sequence_length=args.sequence_length,
-                   vocab_size=args.vocab_size, num_layers=args.layers)
-    if args.quick:
-        options.update(QUICK)
-    report = run_model_parallel_bench(**options, log=print)
-    print_report(format_report(report), report, args.json_out)
-    return 0
+    return run_split_bench(args, 2, run_model_parallel_bench, format_report,
+                           micro_batches=args.micro_batches)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ Example:
     print(format_report(report))
 """
 
-import argparse
 import os
 import shutil
 import statistics
@@ -44,11 +43,9 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.pipeline_bench import bench_decoder_lm, token_dataset
-from tfdist.bench.report import print_report
+from tfdist.bench.pipeline_bench import bench_decoder_lm, run_split_bench, token_dataset
 from tfdist.precision import cpu_model_name
 
-QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
 
 
 def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes_per_value=4,
@@ -270,22 +267,15 @@ def parser():
     >>> parser().parse_args(["--quick"]).quick
     True
     """
-    from tfdist.bench.flags import add_round_flags, add_transformer_flags
-    from tfdist.runtime.argtypes import int_at_least
+    from tfdist.bench.flags import split_transformer_parser
 
-    result = argparse.ArgumentParser(
-        prog="tfdist bench tensor-parallel",
-        description="Tensor parallelism: the Transformer on one device vs its attention, "
-                    "MLPs, embedding and output projection split over K devices (K GPUs, or "
-                    "K logical CPUs), same global batch, alternating rounds: step time, "
-                    "throughput, the all-reduce volume per step (formula) and the transfers "
-                    "and communication share (profiler).")
-    add_transformer_flags(result)
-    result.add_argument("--shards", type=int_at_least(2), default=2,
-                        help="K devices of the split setting (default 2)")
-    add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
-                    quick="tiny data, 1 round of 2 steps (for tests)")
-    return result
+    return split_transformer_parser(
+        "tfdist bench tensor-parallel",
+        "Tensor parallelism: the Transformer on one device vs its attention, MLPs, embedding "
+        "and output projection split over K devices (K GPUs, or K logical CPUs), same global "
+        "batch, alternating rounds: step time, throughput, the all-reduce volume per step "
+        "(formula) and the transfers and communication share (profiler).",
+        "--shards", 2, "K devices of the split setting (default 2)")
 
 
 def main(argv=None):
@@ -296,22 +286,9 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
-    from tfdist.runtime.tf_logging import import_tensorflow
-
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    tf = import_tensorflow(args.tf_log_level)
-    if len(tf.config.list_physical_devices("GPU")) < args.shards:
-        from tfdist.distribute.devices import split_cpu_into_logical_devices
-
-        split_cpu_into_logical_devices(args.shards)
-    options = dict(size=args.size, batch=args.batch, shards=args.shards, steps=args.steps,
-                   rounds=args.rounds, sequence_length=args.sequence_length,
-                   vocab_size=args.vocab_size, num_layers=args.layers)
-    if args.quick:
-        options.update(QUICK)
-    report = run_tensor_parallel_bench(**options, log=print)
-    print_report(format_report(report), report, args.json_out)
-    return 0
+    return run_split_bench(args, args.shards, run_tensor_parallel_bench, format_report,
+                           shards=args.shards)
 
 
 if __name__ == "__main__":
