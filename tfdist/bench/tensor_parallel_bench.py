@@ -47,7 +47,6 @@ from tfdist.bench.pipeline_bench import bench_decoder_lm, run_split_bench, token
 from tfdist.precision import cpu_model_name
 
 
-
 def all_reduce_volume(num_layers, batch, sequence_length, d_model, shards, bytes_per_value=4,
                       vocabulary_split=True):
     """The communication of one training step of the split decoder LM, by formula.

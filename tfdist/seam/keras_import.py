@@ -20,7 +20,9 @@ own `import matplotlib.pyplot`, are then what they would have been. Nothing
 changes when matplotlib is not installed (Keras's plotting functions keep
 their own "requires the matplotlib package" error), when the program
 imported matplotlib first (then it is already paid for), or when Keras is
-already imported.
+already imported. While Keras's import code runs (and only then), another
+thread that imports matplotlib would find it missing; tfdist starts no
+thread before it imports Keras.
 
 Private: the module globals `plt` of `keras.src.visualization.plot_image_gallery`
 and `patches` of `keras.src.visualization.plot_bounding_box_gallery`, which
