@@ -37,3 +37,34 @@ def test_a_real_check_measures_every_candidate_again(monkeypatch):
     assert report["pick_vs_fastest"] == pytest.approx(report["measured"][report["pick"]] / best)
     assert report["measured"][report["fastest"]] == best
     assert any(line.startswith("autotune trial (") for line in lines)
+
+
+def test_the_default_batches_are_the_recipes_defaults():
+    """The issue's goal: autotune's pick is checked at the batch the recipes run by default
+    (the recipes' own defaults and their shipped configs); base stays CPU-sized."""
+    import os
+
+    import yaml
+
+    from tfdist.bench.autotune_check import default_batch
+    from tfdist.recipes import cnn, transformer
+    from tfdist.recipes.config import PACKAGED_CONFIGS
+
+    def shipped_batch(name):
+        with open(os.path.join(PACKAGED_CONFIGS, f"{name}.yaml")) as stream:
+            return yaml.safe_load(stream)["global_batch_size"]
+
+    def option_default(recipe, name):
+        """The recipe's default of an option: its DEFAULTS entry, else the option's own."""
+        return recipe.defaults.get(name, next(option.default for option in recipe.all_options()
+                                              if option.name == name))
+
+    assert option_default(transformer.RECIPE, "model_size") == "tiny"
+    assert default_batch("transformer", "tiny") == transformer.DEFAULTS["global_batch_size"] == 64
+    assert default_batch("transformer", "tiny") == shipped_batch("transformer_tiny")
+    assert default_batch("transformer", "small") == shipped_batch("transformer_small") == 32
+    assert option_default(cnn.RECIPE, "model") == "resnet_tiny"
+    assert default_batch("cnn", "resnet_tiny") == cnn.DEFAULTS["global_batch_size"] == 128
+    assert default_batch("cnn", "resnet_tiny") == shipped_batch("cnn_tiny")
+    assert default_batch("transformer", "base") == 16 < shipped_batch("transformer_base")
+    assert default_batch("cnn", "resnet18") == 64 and default_batch("transformer", "xl") == 32
