@@ -634,12 +634,10 @@ print("the program's pyplot is Keras's:",
 def _plot_after_tfdist(tmp_path, before=""):
     """Runs KERAS_PLOTS_AFTER_TFDIST in a new process that sees the real matplotlib
     (the processes tests start otherwise have it hidden: tests/conftest.py)."""
-    from helpers.paths import REPO_ROOT, WITHOUT_BENCH_EXTRA
+    from helpers.paths import python_path_with_bench_extra
 
     path = tmp_path / "gallery.png"
-    python_path = [REPO_ROOT, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in python_path if p and p != WITHOUT_BENCH_EXTRA))
+    env = dict(os.environ, PYTHONPATH=python_path_with_bench_extra(os.environ))
     result = subprocess.run([sys.executable, "-c", KERAS_PLOTS_AFTER_TFDIST.format(before=before),
                              str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=300, env=env)

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from helpers.mw import REPO_ROOT
-from helpers.paths import WITHOUT_BENCH_EXTRA
+from helpers.paths import python_path_with_bench_extra
 from tfdist.bench.figures import step_time_shares
 from tfdist.xla import resolve_xla
 
@@ -50,8 +50,7 @@ def _env(cpu_flags=AVX2_CPU, tf_log_level="2"):
     if tf_log_level is None:  # tfdist's own default (quiet)
         env.pop("TF_CPP_MIN_LOG_LEVEL")
     # With matplotlib (the bench extra) where the processes the tests start have none.
-    path = [REPO_ROOT, *env.get("PYTHONPATH", "").split(os.pathsep)]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p and p != WITHOUT_BENCH_EXTRA)
+    env["PYTHONPATH"] = python_path_with_bench_extra(env)
     return env
 
 
