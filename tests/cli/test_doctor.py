@@ -15,11 +15,13 @@ import tfdist
 from helpers.mw import REPO_ROOT
 from tfdist.cli import doctor
 from tfdist.precision import PRECISIONS, PrecisionChoice
-from tfdist.xla import resolve_xla
+from tfdist.models.builders import FUSED_BATCH_NORM_BEATS_XLA
+from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
 
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d", re.MULTILINE)  # TensorFlow's C++ log format
 AUTO_PRECISION = re.compile(r"^  --precision auto +(\S+) \((auto: .+)\)$", re.MULTILINE)
 AUTO_XLA = re.compile(r"^  --xla auto +(on|off) \((auto: .+)\)$", re.MULTILINE)
+AUTO_CNN_XLA = re.compile(r"^  --xla auto, CNN +(on|off) \((auto: .+)\)$", re.MULTILINE)
 ALLREDUCE = re.compile(r"^  all-reduce +(.*)$", re.MULTILINE)
 
 
@@ -74,6 +76,10 @@ def test_doctor_auto_choices_agree_with_each_other(real_run):
     assert policy in PRECISIONS and policy != "auto"
     on_gpu = "none visible to TensorFlow" not in real_run.stdout
     assert (xla == "on", xla_reason) == resolve_xla("auto", policy, on_gpu=on_gpu)
+    # The CNN recipe's row: its ResNets' exception applied to that decision, as the recipe does.
+    (cnn_xla, cnn_reason), = AUTO_CNN_XLA.findall(real_run.stdout)
+    assert (cnn_xla == "on", cnn_reason) == leave_uncompiled_where_slower(
+        "auto", xla == "on", xla_reason, FUSED_BATCH_NORM_BEATS_XLA, on_gpu=on_gpu)
 
 
 def test_doctor_keeps_tensorflow_quiet_by_default(real_run):
@@ -81,11 +87,12 @@ def test_doctor_keeps_tensorflow_quiet_by_default(real_run):
     assert "absl::InitializeLog" not in real_run.stdout
 
 
-@pytest.mark.parametrize("cpu_flags, policy, xla", [
-    ("avx2 fma", "float32", "on"),
-    ("avx2 amx_bf16 avx512_bf16", "mixed_bfloat16", "off"),
+@pytest.mark.parametrize("cpu_flags, policy, xla, cnn_reason", [
+    # float32 compiles, but not the ResNets, whose fused batch norms are faster.
+    ("avx2 fma", "float32", "on", f"auto: {FUSED_BATCH_NORM_BEATS_XLA}"),
+    ("avx2 amx_bf16 avx512_bf16", "mixed_bfloat16", "off", "auto: TensorFlow's bfloat16 CPU kernels"),
 ])
-def test_doctor_auto_choices_follow_the_described_cpu(cpu_flags, policy, xla):
+def test_doctor_auto_choices_follow_the_described_cpu(cpu_flags, policy, xla, cnn_reason):
     result = _doctor("--skip-allreduce", cpu_flags=cpu_flags)
     assert result.returncode == 0, result.stdout
     out = result.stdout
@@ -95,6 +102,8 @@ def test_doctor_auto_choices_follow_the_described_cpu(cpu_flags, policy, xla):
     assert found == policy, out
     assert "$TFDIST_CPU_FLAGS" in reason
     assert AUTO_XLA.findall(out)[0][0] == xla, out
+    (cnn_xla, found_reason), = AUTO_CNN_XLA.findall(out)
+    assert cnn_xla == "off" and found_reason.startswith(cnn_reason), out
     flags_line = re.search(r"^  flags +(.*)$", out, re.MULTILINE).group(1)
     assert flags_line == doctor.describe_features(set(cpu_flags.split()), from_env=True)
     assert ALLREDUCE.findall(out) == ["skipped (--skip-allreduce)"]
@@ -183,6 +192,10 @@ def test_auto_rows():
                             "auto: bf16 kernels") == [
         ("--precision auto", "mixed_bfloat16 (auto: CPU has amx_bf16)"),
         ("--xla auto", "off (auto: bf16 kernels)")]
+    rows = doctor.auto_rows(PrecisionChoice("float32", "auto: no bf16"), True, "auto: fuses",
+                            cnn_xla=(False, "auto: fused batch norms"))
+    assert rows[1:] == [("--xla auto", "on (auto: fuses)"),
+                        ("--xla auto, CNN", "off (auto: fused batch norms)")]
 
 
 @pytest.mark.parametrize("all_reduced, reduced, error", [

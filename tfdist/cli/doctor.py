@@ -32,7 +32,7 @@ import time
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
-from tfdist.xla import resolve_xla
+from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
 
 # TensorFlow is imported in `main` through `import_tensorflow` (quiet), after
 # the flags are read: nothing at module level imports it.
@@ -290,21 +290,34 @@ def device_rows(cpus, gpus, split=None):
     return rows
 
 
-def auto_rows(precision_choice, jit_compile, xla_reason):
+CNN_XLA_LABEL = "--xla auto, CNN"
+
+
+def auto_rows(precision_choice, jit_compile, xla_reason, cnn_xla=None):
     """Rows of what `--precision auto` and `--xla auto` pick, and why.
 
     Args:
         precision_choice: a `tfdist.precision.PrecisionChoice`.
         jit_compile, xla_reason: `tfdist.xla.resolve_xla`'s answer.
+        cnn_xla: `(jit_compile, reason)` of `--xla auto` for the CNN recipe's
+            ResNets, whose step may stay uncompiled where the general rule
+            compiles (`tfdist.xla.leave_uncompiled_where_slower`); None leaves
+            its row out.
 
     Example:
 
     >>> from tfdist.precision import PrecisionChoice
-    >>> auto_rows(PrecisionChoice("float32", "auto: no bf16"), True, "auto: fuses")
-    [('--precision auto', 'float32 (auto: no bf16)'), ('--xla auto', 'on (auto: fuses)')]
+    >>> auto_rows(PrecisionChoice("float32", "auto: no bf16"), True, "auto: fuses",
+    ...           cnn_xla=(False, "auto: fused batch norms"))  # doctest: +NORMALIZE_WHITESPACE
+    [('--precision auto', 'float32 (auto: no bf16)'), ('--xla auto', 'on (auto: fuses)'),
+     ('--xla auto, CNN', 'off (auto: fused batch norms)')]
     """
-    return [("--precision auto", f"{precision_choice.policy} ({precision_choice.reason})"),
+    rows = [("--precision auto", f"{precision_choice.policy} ({precision_choice.reason})"),
             ("--xla auto", f"{'on' if jit_compile else 'off'} ({xla_reason})")]
+    if cnn_xla is not None:
+        cnn_jit_compile, cnn_reason = cnn_xla
+        rows.append((CNN_XLA_LABEL, f"{'on' if cnn_jit_compile else 'off'} ({cnn_reason})"))
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,6 +567,10 @@ def main(argv=None):
     flags = cpu_flags()
     choice = detect_precision(gpu_capabilities=capabilities, flags=flags)
     jit_compile, xla_reason = resolve_xla("auto", choice.policy, on_gpu=bool(gpus))
+    from tfdist.models.builders import FUSED_BATCH_NORM_BEATS_XLA  # the models import Keras
+
+    cnn_xla = leave_uncompiled_where_slower("auto", jit_compile, xla_reason,
+                                            FUSED_BATCH_NORM_BEATS_XLA, on_gpu=bool(gpus))
 
     versions = package_versions()
     distribution = installed_version(*TENSORFLOW_DISTRIBUTIONS)
@@ -567,7 +584,7 @@ def main(argv=None):
                                 gpu_details, split)),
         ("CPU", [("model", cpu_model_name()),
                  ("flags", describe_features(flags, from_env=CPU_FLAGS_ENV in os.environ))]),
-        ("Auto choices", auto_rows(choice, jit_compile, xla_reason)),
+        ("Auto choices", auto_rows(choice, jit_compile, xla_reason, cnn_xla)),
     ]
     check_section = "All-reduce check (MirroredStrategy, 2 replicas)"
     width = max(label_width(sections), len(ALLREDUCE_LABEL))
