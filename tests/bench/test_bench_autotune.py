@@ -46,7 +46,7 @@ def test_the_default_batches_are_the_recipes_defaults():
 
     import yaml
 
-    from tfdist.bench.autotune_check import default_batch
+    from tfdist.bench.workloads import default_batch
     from tfdist.recipes import cnn, transformer
     from tfdist.recipes.config import PACKAGED_CONFIGS
 

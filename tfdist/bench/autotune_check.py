@@ -20,26 +20,6 @@ import sys
 from tfdist.bench.report import write_json
 
 QUICK = dict(rounds=1, steps=2, trial_seconds=1.0)
-# The global batch each model is checked at: the recipes' defaults (the Transformer
-# recipe's 64 for `tiny`, transformer_small.yaml's 32, the CNN recipe's and cnn_tiny.yaml's
-# 128), except `base` and `large`, CPU-sized (transformer_base.yaml's 256 takes over a
-# minute a step on 2 CPU cores).
-DEFAULT_BATCHES = {"tiny": 64, "small": 32, "base": 16, "large": 16, "resnet_tiny": 128}
-
-
-def default_batch(model, size):
-    """The global batch `tfdist bench autotune` checks a model at (`DEFAULT_BATCHES`):
-    the recipes' default, CPU-sized for `base` and `large`; for a size it does not
-    list, 32 for the Transformer and 64 for the CNN.
-
-    Example:
-
-    >>> default_batch("cnn", "resnet_tiny"), default_batch("transformer", "base")
-    (128, 16)
-    """
-    return DEFAULT_BATCHES.get(size) or {"transformer": 32, "cnn": 64}[model]
-
-
 def _grid(workload, global_batch_size):
     from tfdist.autotune.tune import machine_grid
 
@@ -200,7 +180,7 @@ def main(argv=None):
     >>> main(["--quick", "--models", "transformer=tiny"])  # doctest: +SKIP
     0
     """
-    from tfdist.bench.workloads import Workload
+    from tfdist.bench.workloads import Workload, default_batch
     from tfdist.runtime.tf_logging import import_tensorflow
 
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)

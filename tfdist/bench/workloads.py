@@ -41,6 +41,25 @@ OPTIMIZER_DEFAULTS = {
 }
 """The recipes' optimizer defaults (tests/bench keeps them equal to the recipes')."""
 
+DEFAULT_BATCHES = {"tiny": 64, "small": 32, "base": 16, "large": 16, "resnet_tiny": 128}
+"""The global batch each model size is benchmarked at by default: the recipes' defaults
+(the Transformer recipe's 64 for `tiny`, transformer_small.yaml's 32, the CNN recipe's
+and cnn_tiny.yaml's 128), except `base` and `large`, CPU-sized (transformer_base.yaml's
+256 takes over a minute a step on 2 CPU cores)."""
+
+
+def default_batch(model, size):
+    """The global batch `tfdist bench autotune` checks a model at (`DEFAULT_BATCHES`):
+    the recipes' default, CPU-sized for `base` and `large`; for a size it does not
+    list, 32 for the Transformer and 64 for the CNN.
+
+    Example:
+
+    >>> default_batch("cnn", "resnet_tiny"), default_batch("transformer", "base")
+    (128, 16)
+    """
+    return DEFAULT_BATCHES.get(size) or {"transformer": 32, "cnn": 64}[model]
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadData:
