@@ -190,3 +190,19 @@ def test_the_benchs_tfdist_defaults_leave_the_resnets_step_uncompiled_on_cpus_as
     assert auto.jit_compile is False and "fused batch-norm kernels" in auto.xla_reason
     asked = Contender(Setting("tfdist", "float32", "on"), Workload("cnn"), strategy, 16)
     assert asked.jit_compile is True
+
+
+@pytest.mark.parametrize("argv, size, batch, rounds, steps", [
+    ([], "small", 32, 6, 3),
+    (["--size", "base"], "base", 16, 6, 3),
+    # The CNN's step is about ten times shorter: more steps a round, so that the
+    # input pipeline refilling after each round's new iterator does not decide the ratio.
+    (["--model", "cnn"], "resnet_tiny", 128, 6, 30),
+    (["--model", "cnn", "--batch", "64", "--steps", "5", "--rounds", "2"], "resnet_tiny", 64, 2, 5),
+    (["--model", "cnn", "--quick"], "resnet_tiny", 8, 1, 2),
+])
+def test_the_engine_benchmark_runs_each_model_at_its_recipe_batch(argv, size, batch, rounds, steps):
+    from tfdist.bench.commands import engine_parser, engine_run
+
+    workload, found_batch, found_rounds, found_steps, _ = engine_run(engine_parser().parse_args(argv))
+    assert (workload.size, found_batch, found_rounds, found_steps) == (size, batch, rounds, steps)

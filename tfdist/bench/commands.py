@@ -139,7 +139,9 @@ def engine_parser():
     parser.add_argument("--model", choices=MODELS, default="transformer")
     parser.add_argument("--size", default=None,
                         help="model size (default: transformer small = 4 layers, d=256, 8 heads)")
-    parser.add_argument("--batch", type=_positive, default=32, help="global batch (default 32)")
+    parser.add_argument("--batch", type=_positive, default=None,
+                        help="global batch (default: the recipe's for the model, the batch the "
+                             "speed goals are set at: Transformer small 32, base 16, CNN 128)")
     parser.add_argument("--sequence-length", type=_positive, default=128)
     parser.add_argument("--vocab-size", type=_positive, default=8000)
     parser.add_argument("--data", choices=("synthetic", "embedded"), default=None)
@@ -151,7 +153,9 @@ def engine_parser():
     parser.add_argument("--same-xla", type=_csv(("off", "on"), "--same-xla"),
                         default=("off", "on"), help="XLA settings of the same-settings pairs")
     parser.add_argument("--rounds", type=_positive, default=6)
-    parser.add_argument("--steps", type=_positive, default=3)
+    parser.add_argument("--steps", type=_positive, default=None,
+                        help="timed steps per contender and round (default: Transformer 3, "
+                             "CNN 30, whose step is about ten times shorter)")
     parser.add_argument("--warmup-steps", type=_positive, default=2)
     parser.add_argument("--recipe-flags", default="",
                         help="more recipe flags for the model, e.g. '--dropout 0'")
@@ -233,6 +237,40 @@ def run_report_command(argv):
     return 0
 
 
+def engine_run(args):
+    """What `tfdist bench engine` measures: `(workload, global batch, rounds, steps, warmup steps)`.
+
+    Unset `--batch` and `--steps` follow the model: the recipe's default batch
+    (`tfdist.bench.workloads.default_batch`) and `DEFAULT_STEPS`; `--quick`
+    runs the tiny model, batch 8, 1 round of 2 steps.
+
+    Args:
+        args: `engine_parser()`'s namespace.
+
+    Example:
+
+    >>> workload, batch, rounds, steps, warmup = engine_run(engine_parser().parse_args(["--model", "cnn"]))
+    >>> workload.size, batch, rounds, steps, warmup
+    ('resnet_tiny', 128, 6, 30, 2)
+    """
+    import shlex
+
+    from tfdist.bench.engine_compare import default_steps
+    from tfdist.bench.workloads import Workload, default_batch
+
+    flags = tuple(shlex.split(args.recipe_flags))
+    if args.quick:
+        workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
+                                                            else "resnet_tiny"),
+                            sequence_length=32, vocab_size=256, image_size=16, recipe_flags=flags)
+        return workload, 8, 1, 2, 1
+    workload = Workload(args.model, size=args.size, data=args.data,
+                        sequence_length=args.sequence_length, vocab_size=args.vocab_size,
+                        recipe_flags=flags)
+    return (workload, args.batch or default_batch(args.model, workload.size), args.rounds,
+            args.steps or default_steps(args.model), args.warmup_steps)
+
+
 def run_engine_command(argv):
     """`tfdist bench engine`: tfdist vs Keras fit; returns the exit code.
 
@@ -244,32 +282,17 @@ def run_engine_command(argv):
     >>> run_engine_command(["--quick", "--json-out", "/tmp/engine.json"])  # doctest: +SKIP
     0
     """
-    import shlex
-
     from tfdist.bench.compare import format_comparison
     from tfdist.bench.engine_compare import TITLE, compare_engines
     from tfdist.bench.peak import QUICK_SIZE
-    from tfdist.bench.workloads import Workload
 
     args = engine_parser().parse_args(argv)
     import_tensorflow(args.tf_log_level)
-    if args.quick:
-        workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
-                                                            else "resnet_tiny"),
-                            sequence_length=32, vocab_size=256, image_size=16,
-                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
-        rounds, steps, warmup = 1, 2, 1
-    else:
-        workload = Workload(args.model, size=args.size, data=args.data,
-                            sequence_length=args.sequence_length, vocab_size=args.vocab_size,
-                            recipe_flags=tuple(shlex.split(args.recipe_flags)))
-        rounds, steps, warmup = args.rounds, args.steps, args.warmup_steps
-    report = compare_engines(workload, args.batch if not args.quick else 8,
-                             strategy=args.strategy, devices=args.devices,
+    workload, batch, rounds, steps, warmup = engine_run(args)
+    report = compare_engines(workload, batch, strategy=args.strategy, devices=args.devices,
                              same_xla=args.same_xla, goals=args.goals, rounds=rounds,
-                             steps=steps,
-                             warmup_steps=warmup, log=print, profile_dir=args.profile,
-                             input_share=not args.no_input_share,
+                             steps=steps, warmup_steps=warmup, log=print,
+                             profile_dir=args.profile, input_share=not args.no_input_share,
                              peak_size=QUICK_SIZE if args.quick else None)
     print(format_comparison(report, TITLE))
     if args.goals:
