@@ -204,5 +204,6 @@ def test_the_benchs_tfdist_defaults_leave_the_resnets_step_uncompiled_on_cpus_as
 def test_the_engine_benchmark_runs_each_model_at_its_recipe_batch(argv, size, batch, rounds, steps):
     from tfdist.bench.commands import engine_parser, engine_run
 
-    workload, found_batch, found_rounds, found_steps, _ = engine_run(engine_parser().parse_args(argv))
+    args = engine_parser().parse_args(argv)
+    workload, found_batch, found_rounds, found_steps, _ = engine_run(args)
     assert (workload.size, found_batch, found_rounds, found_steps) == (size, batch, rounds, steps)

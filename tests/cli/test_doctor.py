@@ -90,7 +90,8 @@ def test_doctor_keeps_tensorflow_quiet_by_default(real_run):
 @pytest.mark.parametrize("cpu_flags, policy, xla, cnn_reason", [
     # float32 compiles, but not the ResNets, whose fused batch norms are faster.
     ("avx2 fma", "float32", "on", f"auto: {FUSED_BATCH_NORM_BEATS_XLA}"),
-    ("avx2 amx_bf16 avx512_bf16", "mixed_bfloat16", "off", "auto: TensorFlow's bfloat16 CPU kernels"),
+    ("avx2 amx_bf16 avx512_bf16", "mixed_bfloat16", "off",
+     "auto: TensorFlow's bfloat16 CPU kernels"),
 ])
 def test_doctor_auto_choices_follow_the_described_cpu(cpu_flags, policy, xla, cnn_reason):
     result = _doctor("--skip-allreduce", cpu_flags=cpu_flags)

@@ -249,7 +249,8 @@ def engine_run(args):
 
     Example:
 
-    >>> workload, batch, rounds, steps, warmup = engine_run(engine_parser().parse_args(["--model", "cnn"]))
+    >>> args = engine_parser().parse_args(["--model", "cnn"])
+    >>> workload, batch, rounds, steps, warmup = engine_run(args)
     >>> workload.size, batch, rounds, steps, warmup
     ('resnet_tiny', 128, 6, 30, 2)
     """

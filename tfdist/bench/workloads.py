@@ -49,7 +49,7 @@ and cnn_tiny.yaml's 128), except `base` and `large`, CPU-sized (transformer_base
 
 
 def default_batch(model, size):
-    """The global batch `tfdist bench autotune` checks a model at (`DEFAULT_BATCHES`):
+    """The global batch `tfdist bench autotune` and `engine` use for a model (`DEFAULT_BATCHES`):
     the recipes' default, CPU-sized for `base` and `large`; for a size it does not
     list, 32 for the Transformer and 64 for the CNN.
 
