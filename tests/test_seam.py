@@ -614,6 +614,7 @@ import sys
 import numpy as np
 {before}
 import tfdist
+{first_import}
 import keras
 print("matplotlib imported with keras:", "matplotlib" in sys.modules)
 try:
@@ -631,22 +632,29 @@ print("the program's pyplot is Keras's:",
 """
 
 
-def _plot_after_tfdist(tmp_path, before=""):
+def _plot_after_tfdist(tmp_path, before="", first_import=""):
     """Runs KERAS_PLOTS_AFTER_TFDIST in a new process that sees the real matplotlib
     (the processes tests start otherwise have it hidden: tests/conftest.py)."""
     from helpers.paths import python_path_with_bench_extra
 
     path = tmp_path / "gallery.png"
     env = dict(os.environ, PYTHONPATH=python_path_with_bench_extra(os.environ))
-    result = subprocess.run([sys.executable, "-c", KERAS_PLOTS_AFTER_TFDIST.format(before=before),
+    result = subprocess.run([sys.executable, "-c", KERAS_PLOTS_AFTER_TFDIST.format(
+                                 before=before, first_import=first_import),
                              str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:]
     return result.stdout, path
 
 
-def test_keras_imported_after_tfdist_imports_matplotlib_at_its_first_plot(tmp_path):
-    out, path = _plot_after_tfdist(tmp_path)
+@pytest.mark.parametrize("first_import", [
+    "",
+    # As the recipes, the bench and doctor start: TensorFlow first, which looks
+    # Keras up (importlib.util.find_spec) before it imports it.
+    "from tfdist.runtime.tf_logging import import_tensorflow; import_tensorflow(3)",
+], ids=["keras", "tensorflow first"])
+def test_keras_imported_after_tfdist_imports_matplotlib_at_its_first_plot(tmp_path, first_import):
+    out, path = _plot_after_tfdist(tmp_path, first_import=first_import)
     assert "matplotlib imported with keras: False" in out, out[-3000:]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out[-3000:]
     assert "the program's pyplot is Keras's: True True" in out, out[-3000:]

@@ -3,6 +3,7 @@ the module's own code, and the module keeps its real loader."""
 
 import contextlib
 import importlib
+import importlib.util
 import sys
 
 import pytest
@@ -58,3 +59,23 @@ def test_other_imports_pass_by_and_a_failing_import_still_removes_the_hook(modul
     with pytest.raises(RuntimeError, match="broken module"):
         importlib.import_module("tfdist_hooked_b")
     assert said == ["enter"] and hook not in sys.meta_path
+
+
+def test_a_lookup_before_the_import_leaves_the_hook_for_the_import(module_dir):
+    # TensorFlow looks Keras up (importlib.util.find_spec) before it imports it.
+    (module_dir / "tfdist_hooked_d.py").write_text(
+        "import sys\nSEEN = list(sys.modules['__said__'])\n")
+    said = []
+    sys.modules["__said__"] = said
+    try:
+        hook = FirstImportHook("tfdist_hooked_d", _recording(said))
+        hook.install()
+        spec = importlib.util.find_spec("tfdist_hooked_d")
+        assert spec.origin == str(module_dir / "tfdist_hooked_d.py")
+        assert "tfdist_hooked_d" not in sys.modules and said == [] and hook in sys.meta_path
+        import tfdist_hooked_d
+    finally:
+        del sys.modules["__said__"]
+    assert tfdist_hooked_d.SEEN == ["enter"] and said == ["enter", "exit"]
+    assert hook not in sys.meta_path
+    assert type(tfdist_hooked_d.__loader__).__name__ == "SourceFileLoader"
