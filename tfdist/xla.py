@@ -59,6 +59,22 @@ def resolve_xla(mode, precision_policy, on_gpu):
     return True, "auto: XLA fuses the elementwise ops of float32 steps on CPUs"
 
 
+def respect_xla_blocker(mode, jit_compile, reason, blocker):
+    """Turns `auto` XLA off, with the reason, for a model that cannot be
+    compiled; `--xla on` for such a model is an error, never a silent change.
+
+    Example:
+
+    >>> respect_xla_blocker("auto", True, "auto: GPU", "sync BN all-reduces")
+    (False, 'auto: sync BN all-reduces')
+    """
+    if blocker is None or not jit_compile:
+        return jit_compile, reason
+    if mode == "on":
+        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
+    return False, f"auto: {blocker}"
+
+
 def leave_uncompiled_where_slower(mode, jit_compile, reason, slower_on_cpu, on_gpu):
     """Turns `auto`'s XLA off on CPUs for a model that XLA would slow down there.
 

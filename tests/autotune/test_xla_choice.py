@@ -50,7 +50,8 @@ def test_parameter_servers_turn_auto_xla_off_with_the_reason(strategy, mode, exp
     workers read variables placed on the ps tasks (XLA cannot compile that)."""
     import argparse
 
-    from tfdist.recipes.auto_choices import respect_xla_blocker, parameter_server_xla_blocker
+    from tfdist.recipes.auto_choices import parameter_server_xla_blocker
+    from tfdist.xla import respect_xla_blocker
 
     config = argparse.Namespace(strategy=strategy)
     jit, reason = resolve_xla(mode, "float32", on_gpu=False)
@@ -62,7 +63,8 @@ def test_parameter_servers_turn_auto_xla_off_with_the_reason(strategy, mode, exp
 def test_xla_on_under_parameter_servers_is_refused_naming_the_way_out():
     import argparse
 
-    from tfdist.recipes.auto_choices import respect_xla_blocker, parameter_server_xla_blocker
+    from tfdist.recipes.auto_choices import parameter_server_xla_blocker
+    from tfdist.xla import respect_xla_blocker
 
     blocker = parameter_server_xla_blocker(argparse.Namespace(strategy="parameter_server"))
     with pytest.raises(ValueError, match=r"--xla on is not possible.*ps tasks.*--xla off or auto"):

@@ -26,7 +26,7 @@ from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xl
 from tfdist.recipes.record import config_values
 from tfdist.recipes.tensor_parallel_flags import precision_under_tensor_parallel
 from tfdist.recipes.tensor_parallel_flags import xla_blocker as tensor_parallel_xla_blocker
-from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
+from tfdist.xla import leave_uncompiled_where_slower, resolve_xla, respect_xla_blocker
 
 
 def skip_reason(config, info):
@@ -181,22 +181,6 @@ def rule_choices(recipe, config, on_gpu):
     jit_compile, xla_reason = leave_uncompiled_where_slower(config.xla, jit_compile, xla_reason,
                                                             slower, on_gpu)
     return precision, jit_compile, xla_reason
-
-
-def respect_xla_blocker(mode, jit_compile, reason, blocker):
-    """Turns `auto` XLA off, with the reason, for a model that cannot be
-    compiled; `--xla on` for such a model is an error, never a silent change.
-
-    Example:
-
-    >>> respect_xla_blocker("auto", True, "auto: GPU", "sync BN all-reduces")
-    (False, 'auto: sync BN all-reduces')
-    """
-    if blocker is None or not jit_compile:
-        return jit_compile, reason
-    if mode == "on":
-        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
-    return False, f"auto: {blocker}"
 
 
 def parameter_server_xla_blocker(config):

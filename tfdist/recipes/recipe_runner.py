@@ -26,7 +26,7 @@ from typing import Callable
 from tfdist.runtime import exit_codes
 from tfdist.runtime.gpu_memory import gpu_memory_notice, parse_gpu_memory
 from tfdist.runtime.quick_exit import skip_exit_garbage_collection
-from tfdist.recipes.auto_choices import respect_xla_blocker, rule_choices, settle_auto_choices
+from tfdist.recipes.auto_choices import rule_choices, settle_auto_choices
 from tfdist.recipes.config import COMMON_OPTIONS, ConfigError, parse_config, parse_step_range
 from tfdist.recipes.model_parallel_flags import prepare_model_parallel_devices, stage_plan_block
 from tfdist.recipes.model_parallel_flags import trainer_arguments as model_parallel_arguments
@@ -45,6 +45,7 @@ from tfdist.recipes.run_report import (backup_name, environment_errno,
                                    newest_backup, outputs_block, preempted_line,
                                    save_full_error, skipped_line, start_block, error_summary)
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, Preempted
+from tfdist.xla import respect_xla_blocker
 
 # Kept as names for callers; the table with every code and its meaning is tfdist.runtime.exit_codes.
 INTERRUPTED_EXIT_CODE = exit_codes.INTERRUPTED
