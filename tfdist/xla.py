@@ -59,9 +59,17 @@ def resolve_xla(mode, precision_policy, on_gpu):
     return True, "auto: XLA fuses the elementwise ops of float32 steps on CPUs"
 
 
-def respect_xla_blocker(mode, jit_compile, reason, blocker):
+def respect_xla_blocker(mode, jit_compile, reason, blocker, asked="--xla on",
+                        way_out="Use --xla off or auto."):
     """Turns `auto` XLA off, with the reason, for a model that cannot be
-    compiled; `--xla on` for such a model is an error, never a silent change.
+    compiled; XLA asked for such a model is an error, never a silent change.
+
+    Args:
+        mode: "auto", "on" or "off".
+        jit_compile, reason: the decision so far (`resolve_xla`'s).
+        blocker: why this model cannot be compiled, or None.
+        asked, way_out: how the error names the request and the way out
+            (the recipes' flags by default; the bench names its own).
 
     Example:
 
@@ -71,7 +79,7 @@ def respect_xla_blocker(mode, jit_compile, reason, blocker):
     if blocker is None or not jit_compile:
         return jit_compile, reason
     if mode == "on":
-        raise ValueError(f"--xla on is not possible for this model: {blocker}. Use --xla off or auto.")
+        raise ValueError(f"{asked} is not possible for this model: {blocker}. {way_out}")
     return False, f"auto: {blocker}"
 
 

@@ -192,6 +192,20 @@ def test_the_benchs_tfdist_defaults_leave_the_resnets_step_uncompiled_on_cpus_as
     assert asked.jit_compile is True
 
 
+def test_the_benchs_tfdist_defaults_turn_xla_off_for_a_model_that_cannot_compile_as_the_recipe():
+    from tfdist.bench.engines import Contender, Setting
+    from tfdist.distribute.strategy_factory import create_strategy
+    from tfdist.models.builders import SYNC_BN_XLA_BLOCKER
+
+    strategy = create_strategy("default")
+    synchronised = Workload("cnn", image_size=16, recipe_flags=("--sync-bn",))
+    auto = Contender(Setting("tfdist", "float32", "auto"), synchronised, strategy, 8)
+    assert (auto.jit_compile, auto.xla_reason) == (False, f"auto: {SYNC_BN_XLA_BLOCKER}")
+    with pytest.raises(ValueError, match=r"^XLA on is not possible for this model: synchronised "
+                                         r".*\. Measure it with XLA off or auto\.$"):
+        Contender(Setting("tfdist", "float32", "on"), synchronised, strategy, 8)
+
+
 @pytest.mark.parametrize("argv, size, batch, rounds, steps", [
     ([], "small", 32, 6, 3),
     (["--size", "base"], "base", 16, 6, 3),

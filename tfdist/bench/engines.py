@@ -127,7 +127,7 @@ class Contender:
         from tfdist.data import distribute_dataset, make_dataset_fn
         from tfdist.distribute.devices import gpu_count
         from tfdist.precision import resolve_precision
-        from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
+        from tfdist.xla import leave_uncompiled_where_slower, resolve_xla, respect_xla_blocker
         from tfdist.distribute.introspection import describe_strategy
         from tfdist.training import Trainer
 
@@ -173,12 +173,10 @@ class Contender:
                 if setting.engine == "tfdist":
                     on_gpu = gpu_count() > 0
                     jit, reason = resolve_xla(setting.xla, self.policy, on_gpu=on_gpu)
-                    if jit and built.xla_blocker:
-                        if setting.xla == "on":
-                            raise ValueError(f"XLA on is not possible for this model: "
-                                             f"{built.xla_blocker}.")
-                        jit, reason = False, f"auto: {built.xla_blocker}"
-                    jit, reason = leave_uncompiled_where_slower(  # as the recipes
+                    jit, reason = respect_xla_blocker(  # as the recipes
+                        setting.xla, jit, reason, built.xla_blocker, asked="XLA on",
+                        way_out="Measure it with XLA off or auto.")
+                    jit, reason = leave_uncompiled_where_slower(
                         setting.xla, jit, reason, built.xla_slower_on_cpu, on_gpu)
                     self.trainer = Trainer(built.model, optimizer, loss, metrics,
                                            strategy=strategy, jit_compile=jit)
