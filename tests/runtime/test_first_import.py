@@ -19,6 +19,18 @@ def module_dir(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
+@pytest.fixture
+def said():
+    """What the hook's block recorded; a module can read it as sys.modules['__said__']."""
+    record = []
+    sys.modules["__said__"] = record
+    yield record
+    del sys.modules["__said__"]
+
+
+SAYS_WHAT_IT_SAW = "import sys\nSEEN = list(sys.modules['__said__'])\n"
+
+
 def _recording(said):
     @contextlib.contextmanager
     def around():
@@ -28,17 +40,11 @@ def _recording(said):
     return around
 
 
-def test_the_first_import_runs_inside_and_the_hook_leaves(module_dir):
-    (module_dir / "tfdist_hooked_a.py").write_text(
-        "import sys\nSEEN = list(sys.modules['__said__'])\n")
-    said = []
-    sys.modules["__said__"] = said
-    try:
-        hook = FirstImportHook("tfdist_hooked_a", _recording(said))
-        assert hook.install() is True
-        import tfdist_hooked_a
-    finally:
-        del sys.modules["__said__"]
+def test_the_first_import_runs_inside_and_the_hook_leaves(module_dir, said):
+    (module_dir / "tfdist_hooked_a.py").write_text(SAYS_WHAT_IT_SAW)
+    hook = FirstImportHook("tfdist_hooked_a", _recording(said))
+    assert hook.install() is True
+    import tfdist_hooked_a
     assert tfdist_hooked_a.SEEN == ["enter"]  # the module's code ran inside the block
     assert said == ["enter", "exit"]
     assert hook not in sys.meta_path
@@ -48,10 +54,9 @@ def test_the_first_import_runs_inside_and_the_hook_leaves(module_dir):
     assert hook not in sys.meta_path
 
 
-def test_other_imports_pass_by_and_a_failing_import_still_removes_the_hook(module_dir):
+def test_other_imports_pass_by_and_a_failing_import_still_removes_the_hook(module_dir, said):
     (module_dir / "tfdist_hooked_b.py").write_text("raise RuntimeError('broken module')\n")
     (module_dir / "tfdist_hooked_c.py").write_text("VALUE = 3\n")
-    said = []
     hook = FirstImportHook("tfdist_hooked_b", _recording(said))
     hook.install()
     import tfdist_hooked_c
@@ -61,21 +66,15 @@ def test_other_imports_pass_by_and_a_failing_import_still_removes_the_hook(modul
     assert said == ["enter"] and hook not in sys.meta_path
 
 
-def test_a_lookup_before_the_import_leaves_the_hook_for_the_import(module_dir):
+def test_a_lookup_before_the_import_leaves_the_hook_for_the_import(module_dir, said):
     # TensorFlow looks Keras up (importlib.util.find_spec) before it imports it.
-    (module_dir / "tfdist_hooked_d.py").write_text(
-        "import sys\nSEEN = list(sys.modules['__said__'])\n")
-    said = []
-    sys.modules["__said__"] = said
-    try:
-        hook = FirstImportHook("tfdist_hooked_d", _recording(said))
-        hook.install()
-        spec = importlib.util.find_spec("tfdist_hooked_d")
-        assert spec.origin == str(module_dir / "tfdist_hooked_d.py")
-        assert "tfdist_hooked_d" not in sys.modules and said == [] and hook in sys.meta_path
-        import tfdist_hooked_d
-    finally:
-        del sys.modules["__said__"]
+    (module_dir / "tfdist_hooked_d.py").write_text(SAYS_WHAT_IT_SAW)
+    hook = FirstImportHook("tfdist_hooked_d", _recording(said))
+    hook.install()
+    spec = importlib.util.find_spec("tfdist_hooked_d")
+    assert spec.origin == str(module_dir / "tfdist_hooked_d.py")
+    assert "tfdist_hooked_d" not in sys.modules and said == [] and hook in sys.meta_path
+    import tfdist_hooked_d
     assert tfdist_hooked_d.SEEN == ["enter"] and said == ["enter", "exit"]
     assert hook not in sys.meta_path
     assert type(tfdist_hooked_d.__loader__).__name__ == "SourceFileLoader"
