@@ -20,6 +20,8 @@ import sys
 from tfdist.bench.report import write_json
 
 QUICK = dict(rounds=1, steps=2, trial_seconds=1.0)
+
+
 def _grid(workload, global_batch_size):
     from tfdist.autotune.tune import machine_grid
 
