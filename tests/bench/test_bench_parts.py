@@ -214,10 +214,56 @@ def test_the_benchs_tfdist_defaults_turn_xla_off_for_a_model_that_cannot_compile
     (["--model", "cnn"], "resnet_tiny", 128, 6, 30),
     (["--model", "cnn", "--batch", "64", "--steps", "5", "--rounds", "2"], "resnet_tiny", 64, 2, 5),
     (["--model", "cnn", "--quick"], "resnet_tiny", 8, 1, 2),
+    # --quick presets; what the command line gives wins.
+    (["--quick", "--batch", "16", "--steps", "4", "--size", "small"], "small", 16, 1, 4),
+    (["--rounds", "3", "--quick"], "tiny", 8, 3, 2),
 ])
 def test_the_engine_benchmark_runs_each_model_at_its_recipe_batch(argv, size, batch, rounds, steps):
-    from tfdist.bench.commands import engine_parser, engine_run
+    from tfdist.bench.commands import engine_args, engine_run
 
-    args = engine_parser().parse_args(argv)
+    args = engine_args(argv)
     workload, found_batch, found_rounds, found_steps, _ = engine_run(args)
     assert (workload.size, found_batch, found_rounds, found_steps) == (size, batch, rounds, steps)
+
+
+def test_quick_presets_what_the_command_line_leaves_unset_and_honours_what_it_gives():
+    from tfdist.bench import autotune_check, pipeline_bench, ps_bench, resume_bench
+    from tfdist.bench.commands import engine_args
+    from tfdist.bench.flags import parse_quick
+    from tfdist.bench.run import ReportOptions
+
+    engine = engine_args(["--quick", "--sequence-length", "64"])
+    assert (engine.sequence_length, engine.vocab_size, engine.batch) == (64, 256, 8)
+    # Without --quick nothing is preset, not even the keys that are no flag.
+    assert not hasattr(engine_args([]), "image_size")
+
+    args = parse_quick(autotune_check.parser(),
+                       ["--quick", "--models", "transformer=tiny,cnn=resnet_tiny",
+                        "--batch", "16", "--rounds", "2"], autotune_check.QUICK)
+    assert (args.rounds, args.steps, args.trial_seconds) == (2, 2, 1.0)
+    checked = autotune_check.workloads_to_check(args)
+    assert [(w.model, w.sequence_length, w.image_size, batch) for w, batch in checked] == [
+        ("transformer", 32, None, 16), ("cnn", 128, 16, 16)]
+    full = autotune_check.workloads_to_check(parse_quick(
+        autotune_check.parser(), ["--models", "transformer=tiny,cnn=resnet_tiny"],
+        autotune_check.QUICK))
+    assert [(w.sequence_length, w.image_size, batch) for w, batch in full] == [
+        (128, None, 64), (128, None, 128)]
+
+    split = pipeline_bench.split_bench_args(pipeline_bench.parser(),
+                                            ["--quick", "--steps", "5", "--layers", "3"])
+    assert (split.batch, split.steps, split.rounds, split.layers, split.warmup_steps) == (
+        8, 5, 1, 3, 1)
+
+    ps = ps_bench.parse_args(["--quick", "--steps", "12"])
+    assert (ps.rounds, ps.steps) == (1, 12)
+    assert (ps_bench.parse_args([]).rounds, ps_bench.parse_args([]).steps) == (2, 40)
+
+    resume = parse_quick(resume_bench.parser(), ["--position", "60", "--quick"],
+                         resume_bench.QUICK)
+    assert (resume.position, resume.examples, resume.batch) == (60, 96, 8)
+
+    assert (ReportOptions(quick=True).rounds, ReportOptions(quick=True).sweep_steps) == (1, 2)
+    assert ReportOptions(quick=True, rounds=4, sweep_steps=5).rounds == 4
+    assert ReportOptions(quick=True, rounds=4, sweep_steps=5).sweep_steps == 5
+    assert (ReportOptions().rounds, ReportOptions().warmup_steps) == (3, 2)

@@ -10,10 +10,11 @@ from tfdist.bench.commands import main
 def test_quick_resume_bench_measures_every_setting_and_checks_the_positioned_batch(
         tmp_path, capsys):
     out = tmp_path / "resume.json"
-    assert main(["resume", "--quick", "--sources", "image_folder,text",
+    # --quick presets position 40: a position given with it wins.
+    assert main(["resume", "--quick", "--position", "30", "--sources", "image_folder,text",
                  "--json-out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "First batch of a resumed run at batch N=40" in table
+    assert "First batch of a resumed run at batch N=30" in table
     report = json.loads(out.read_text())
     assert [row["source"] for row in report["rows"]] == ["image_folder", "text"]
     for row in report["rows"]:

@@ -19,7 +19,9 @@ import sys
 
 from tfdist.bench.report import write_json
 
-QUICK = dict(rounds=1, steps=2, trial_seconds=1.0)
+QUICK = dict(rounds=1, steps=2, trial_seconds=1.0, batch=8, sequence_length=32, vocab_size=256,
+             image_size=16)
+"""What `--quick` presets: flags given with it win (`tfdist.bench.flags.parse_quick`)."""
 
 
 def _grid(workload, global_batch_size):
@@ -170,8 +172,32 @@ def parser():
                         help="global batch (default: the recipes' defaults: transformer tiny 64, "
                              "small 32; cnn resnet_tiny 128; base and large 16)")
     add_round_flags(result, rounds=4, steps=3, sequence_length=128, vocab_size=8000,
-                    quick="small data, 1 round of 2 steps (for tests)")
+                    quick="small data, batch 8, 1 round of 2 steps, a 1 s trial (for tests); "
+                          "flags given with it win")
     return result
+
+
+def workloads_to_check(args):
+    """The `(workload, global batch)` pairs `tfdist bench autotune` checks, from its flags
+    (parsed with `tfdist.bench.flags.parse_quick(parser(), argv, QUICK)`).
+
+    Example:
+
+    >>> from tfdist.bench.flags import parse_quick
+    >>> args = parse_quick(parser(), ["--quick", "--models", "cnn=resnet_tiny"], QUICK)
+    >>> [(workload.image_size, batch) for workload, batch in workloads_to_check(args)]
+    [(16, 8)]
+    """
+    from tfdist.bench.workloads import Workload, default_batch
+
+    workloads = []
+    for item in filter(None, (part.strip() for part in args.models.split(","))):
+        model, _, size = item.partition("=")
+        shape = (dict(image_size=args.image_size if args.quick else None) if model == "cnn"
+                 else dict(sequence_length=args.sequence_length, vocab_size=args.vocab_size))
+        workload = Workload(model, size=size or None, **shape)
+        workloads.append((workload, args.batch or default_batch(model, workload.size)))
+    return workloads
 
 
 def main(argv=None):
@@ -182,29 +208,18 @@ def main(argv=None):
     >>> main(["--quick", "--models", "transformer=tiny"])  # doctest: +SKIP
     0
     """
-    from tfdist.bench.workloads import Workload, default_batch
+    from tfdist.bench.flags import parse_quick
     from tfdist.runtime.tf_logging import import_tensorflow
 
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_quick(parser(), sys.argv[1:] if argv is None else argv, QUICK)
     import_tensorflow(args.tf_log_level)
-    workloads = []
-    for item in filter(None, (part.strip() for part in args.models.split(","))):
-        model, _, size = item.partition("=")
-        extra = dict(sequence_length=32, vocab_size=256, image_size=16) if args.quick else dict(
-            sequence_length=args.sequence_length, vocab_size=args.vocab_size)
-        if model == "cnn":
-            extra = {"image_size": extra["image_size"]} if "image_size" in extra else {}
-        else:
-            extra.pop("image_size", None)
-        workload = Workload(model, size=size or None, **extra)
-        batch = args.batch or (8 if args.quick else default_batch(model, workload.size))
-        workloads.append((workload, batch))
+    workloads = workloads_to_check(args)
     reports = []
     for workload, batch in workloads:
         print(f"== {workload.label}, global batch {batch}", flush=True)
-        reports.append(check_autotune(workload, batch, log=print,
-                                      **(QUICK if args.quick else dict(rounds=args.rounds,
-                                                                       steps=args.steps))))
+        budget = dict(trial_seconds=args.trial_seconds) if args.quick else {}
+        reports.append(check_autotune(workload, batch, rounds=args.rounds, steps=args.steps,
+                                      log=print, **budget))
     print(format_check(reports))
     if args.json_out:
         write_json(args.json_out, reports)

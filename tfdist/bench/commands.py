@@ -71,7 +71,8 @@ def report_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench-results", help="output folder (default %(default)s)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny workloads, one short round per measurement (for tests)")
+                        help="tiny workloads, one short round per measurement (for tests); "
+                             "flags given with it win")
     parser.add_argument("--models", type=_csv(MODELS, "--models"), default=MODELS,
                         help="comma-separated: transformer,cnn (default both)")
     parser.add_argument("--sizes", default="",
@@ -100,12 +101,16 @@ def report_parser():
                         help="XLA of the sweep (default auto)")
     parser.add_argument("--compare", type=_csv(FACTORS + ("none",), "--compare"),
                         default=FACTORS, help="settings to compare: precision,xla,engine or none")
-    parser.add_argument("--rounds", type=_positive, default=3,
-                        help="alternating rounds of the settings comparison (default 3)")
-    parser.add_argument("--steps", type=_positive, default=3,
-                        help="measured steps per setting and round (default 3)")
-    parser.add_argument("--sweep-rounds", type=_positive, default=2)
-    parser.add_argument("--sweep-steps", type=_positive, default=3)
+    parser.add_argument("--rounds", type=_positive, default=None,
+                        help="alternating rounds of the settings comparison (default 3; "
+                             "--quick 1)")
+    parser.add_argument("--steps", type=_positive, default=None,
+                        help="measured steps per setting and round (default 3; --quick 2)")
+    parser.add_argument("--sweep-rounds", type=_positive, default=None,
+                        help="rounds of every sweep point (default 2; --quick 1)")
+    parser.add_argument("--sweep-steps", type=_positive, default=None,
+                        help="measured steps of every sweep point and round (default 3; "
+                             "--quick 2)")
     parser.add_argument("--sweep-repeats", type=_positive, default=1,
                         help="run the whole sweep this many times, alternating its order; each "
                              "point keeps its median (default 1)")
@@ -174,7 +179,8 @@ def engine_parser():
                              "resnet_tiny 35%%)")
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny model, 1 round of 2 steps (for tests)")
+                        help="tiny model on tiny data, batch 8, 1 round of 2 steps (for tests); "
+                             "flags given with it win")
     add_tf_log_level_flag(parser)
     return parser
 
@@ -237,20 +243,43 @@ def run_report_command(argv):
     return 0
 
 
+ENGINE_QUICK = dict(batch=8, rounds=1, steps=2, warmup_steps=1, sequence_length=32,
+                    vocab_size=256, image_size=16)
+"""What `tfdist bench engine --quick` presets (the tiny model besides): flags
+given with it win (`tfdist.bench.flags.parse_quick`)."""
+
+
+def engine_args(argv):
+    """`tfdist bench engine`'s flags parsed, `--quick` presets included.
+
+    Args:
+        argv: the flags after `engine`.
+
+    Example:
+
+    >>> args = engine_args(["--quick", "--steps", "5"])
+    >>> args.batch, args.rounds, args.steps
+    (8, 1, 5)
+    """
+    from tfdist.bench.flags import parse_quick
+
+    return parse_quick(engine_parser(), argv, ENGINE_QUICK)
+
+
 def engine_run(args):
     """What `tfdist bench engine` measures: `(workload, global batch, rounds, steps, warmup steps)`.
 
     Unset `--batch` and `--steps` follow the model: the recipe's default batch
     (`tfdist.bench.workloads.default_batch`) and `DEFAULT_STEPS`; `--quick`
-    runs the tiny model, batch 8, 1 round of 2 steps.
+    presets the tiny model on tiny data, batch 8, 1 round of 2 steps
+    (`ENGINE_QUICK`), and flags given with it win.
 
     Args:
-        args: `engine_parser()`'s namespace.
+        args: `engine_args()`'s namespace.
 
     Example:
 
-    >>> args = engine_parser().parse_args(["--model", "cnn"])
-    >>> workload, batch, rounds, steps, warmup = engine_run(args)
+    >>> workload, batch, rounds, steps, warmup = engine_run(engine_args(["--model", "cnn"]))
     >>> workload.size, batch, rounds, steps, warmup
     ('resnet_tiny', 128, 6, 30, 2)
     """
@@ -260,14 +289,12 @@ def engine_run(args):
     from tfdist.bench.workloads import Workload, default_batch
 
     flags = tuple(shlex.split(args.recipe_flags))
-    if args.quick:
-        workload = Workload(args.model, size=args.size or ("tiny" if args.model == "transformer"
-                                                            else "resnet_tiny"),
-                            sequence_length=32, vocab_size=256, image_size=16, recipe_flags=flags)
-        return workload, 8, 1, 2, 1
-    workload = Workload(args.model, size=args.size, data=args.data,
+    size = args.size
+    if args.quick and size is None:
+        size = "tiny" if args.model == "transformer" else "resnet_tiny"
+    workload = Workload(args.model, size=size, data=args.data,
                         sequence_length=args.sequence_length, vocab_size=args.vocab_size,
-                        recipe_flags=flags)
+                        image_size=getattr(args, "image_size", None), recipe_flags=flags)
     return (workload, args.batch or default_batch(args.model, workload.size), args.rounds,
             args.steps or default_steps(args.model), args.warmup_steps)
 
@@ -287,7 +314,7 @@ def run_engine_command(argv):
     from tfdist.bench.engine_compare import TITLE, compare_engines
     from tfdist.bench.peak import QUICK_SIZE
 
-    args = engine_parser().parse_args(argv)
+    args = engine_args(argv)
     import_tensorflow(args.tf_log_level)
     workload, batch, rounds, steps, warmup = engine_run(args)
     report = compare_engines(workload, batch, strategy=args.strategy, devices=args.devices,

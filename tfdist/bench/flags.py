@@ -59,6 +59,47 @@ def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick
     add_tf_log_level_flag(parser)
 
 
+def parse_quick(parser, argv, quick_values):
+    """Parses `argv` with `parser`, where `--quick` presets `quick_values`: each
+    flag the command line leaves unset takes its quick value instead of its
+    default, and a flag given on the command line is honoured with `--quick` too
+    (`--quick --steps 5` runs the quick setting for 5 steps). Keys of
+    `quick_values` that are no flag (e.g. warm-up steps) become attributes of
+    the result, under `--quick` only.
+
+    Args:
+        parser: an `argparse.ArgumentParser` with a `--quick` flag.
+        argv: the arguments.
+        quick_values: `{dest: value}` of the quick setting.
+
+    Returns:
+        The parsed namespace.
+
+    Example:
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_round_flags(parser, rounds=3, steps=10, sequence_length=64, vocab_size=512,
+    ...                 quick="tiny data")
+    >>> args = parse_quick(parser, ["--quick", "--steps", "5"], dict(rounds=1, steps=2))
+    >>> args.rounds, args.steps
+    (1, 5)
+    """
+    unset = object()
+    defaults = vars(parser.parse_args([]))
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(defaults, unset)))
+    given = {dest for dest, value in vars(args).items() if value is not unset}
+    quick = args.quick is True
+    for dest, default in defaults.items():
+        if dest not in given:
+            setattr(args, dest, quick_values[dest] if quick and dest in quick_values
+                    else default)
+    if quick:
+        for dest, value in quick_values.items():
+            if dest not in defaults:
+                setattr(args, dest, value)
+    return args
+
+
 def split_transformer_parser(prog, description, split_flag, split_default, split_help):
     """The flags of a benchmark that splits the Transformer over devices (`tfdist bench
     model-parallel`, `tensor-parallel`): `add_transformer_flags`, the split's own
@@ -79,5 +120,6 @@ def split_transformer_parser(prog, description, split_flag, split_default, split
     add_transformer_flags(result)
     result.add_argument(split_flag, type=int_at_least(2), default=split_default, help=split_help)
     add_round_flags(result, rounds=3, steps=10, sequence_length=64, vocab_size=512,
-                    quick="tiny data, 1 round of 2 steps (for tests)")
+                    quick="tiny data, batch 8, 1 round of 2 steps (for tests); flags given "
+                          "with it win")
     return result

@@ -46,6 +46,7 @@ COLUMNS = ("setting", "K", "M", "step ms", "examples/s", "tokens/s", "vs K=1",
 """The columns of the printed table."""
 
 QUICK = dict(batch=8, sequence_length=16, vocab_size=64, steps=2, rounds=1, warmup_steps=1)
+"""What `--quick` presets: flags given with it win (`split_bench_args`)."""
 
 
 def settings(micro_batches):
@@ -363,13 +364,32 @@ def parser():
         "--micro-batches", 4, "micro-batches of the pipelined setting (default 4)")
 
 
+def split_bench_args(parser, argv):
+    """The flags of a benchmark that splits the Transformer (`split_transformer_parser`'s)
+    parsed, `--quick` presetting `QUICK`: flags given with it win.
+
+    Args:
+        parser: the benchmark's parser.
+        argv: its arguments.
+
+    Example:
+
+    >>> args = split_bench_args(parser(), ["--quick", "--batch", "16"])
+    >>> args.batch, args.steps, args.warmup_steps
+    (16, 2, 1)
+    """
+    from tfdist.bench.flags import parse_quick
+
+    return parse_quick(parser, argv, QUICK)
+
+
 def run_split_bench(args, devices, run, format_report, **options):
     """Runs a benchmark that splits the Transformer over `devices` devices from its
     parsed flags (`split_transformer_parser`'s), on logical CPUs where there are
     fewer GPUs, and prints its table (and writes its JSON with `--json-out`).
 
     Args:
-        args: the parsed flags.
+        args: the parsed flags (`split_bench_args`).
         devices: how many devices the split setting needs.
         run: the benchmark, `run(size=..., batch=..., ..., log=print) -> report`.
         format_report: `format_report(report) -> str`.
@@ -395,7 +415,7 @@ def run_split_bench(args, devices, run, format_report, **options):
                    sequence_length=args.sequence_length, vocab_size=args.vocab_size,
                    num_layers=args.layers)
     if args.quick:
-        options.update(QUICK)
+        options.update(warmup_steps=args.warmup_steps)
     report = run(**options, log=print)
     print_report(format_report(report), report, args.json_out)
     return 0
@@ -409,7 +429,7 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = split_bench_args(parser(), sys.argv[1:] if argv is None else argv)
     return run_split_bench(args, 2, run_model_parallel_bench, format_report,
                            micro_batches=args.micro_batches)
 

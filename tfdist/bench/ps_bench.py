@@ -60,8 +60,27 @@ def build_parser():
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--quick", action="store_true",
-                        help="1 round of 8 steps (a smoke test, not a measurement)")
+                        help="1 round of 8 steps (a smoke test, not a measurement); flags "
+                             "given with it win")
     return parser
+
+
+QUICK = dict(rounds=1, steps=8)
+"""What `--quick` presets: flags given with it win (`tfdist.bench.flags.parse_quick`)."""
+
+
+def parse_args(argv):
+    """`tfdist bench parameter-server`'s flags parsed, `--quick` presets included.
+
+    Example:
+
+    >>> args = parse_args(["--quick", "--rounds", "2"])
+    >>> args.rounds, args.steps
+    (2, 8)
+    """
+    from tfdist.bench.flags import parse_quick
+
+    return parse_quick(build_parser(), sys.argv[1:] if argv is None else argv, QUICK)
 
 
 def run_command(mode, args):
@@ -110,17 +129,15 @@ def measure(args, log=print):
 
     Example:
 
-    >>> report = measure(build_parser().parse_args(["--quick"]))
+    >>> report = measure(parse_args(["--quick"]))
     >>> sorted(report["median"])
     ['all-reduce', 'parameter-server']
     """
-    rounds, runs = (1, 8) if args.quick else (args.rounds, args.steps)
-    args.steps = runs
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
     env.pop("TF_CONFIG", None)
     figures = {mode: [] for mode in MODES}
     steps_per_worker = []
-    for index in range(rounds):
+    for index in range(args.rounds):
         for mode in MODES:
             started = time.monotonic()
             result = subprocess.run(run_command(mode, args), env=env, stdout=subprocess.PIPE,
@@ -133,11 +150,11 @@ def measure(args, log=print):
             figures[mode].append(value)
             if per_worker:
                 steps_per_worker.append(per_worker)
-            log(f"round {index + 1}/{rounds} {mode:17s} {value:9.1f} examples/s "
+            log(f"round {index + 1}/{args.rounds} {mode:17s} {value:9.1f} examples/s "
                 f"({time.monotonic() - started:.0f} s)")
     median = {mode: statistics.median(values) for mode, values in figures.items()}
     return {"model": args.model, "size": args.size, "global_batch": args.batch,
-            "workers": args.workers, "ps": args.ps, "steps": args.steps, "rounds": rounds,
+            "workers": args.workers, "ps": args.ps, "steps": args.steps, "rounds": args.rounds,
             "examples_per_second": figures, "median": median,
             "ratio_ps_to_all_reduce": median["parameter-server"] / median["all-reduce"],
             "steps_per_worker": steps_per_worker}
@@ -172,7 +189,7 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     report = measure(args)
     print_report(format_report(report), report, args.json_out)
     return 0

@@ -36,6 +36,7 @@ SOURCE_KINDS = ("shapes", "image_folder", "imagenet_tfrecord", "embedded", "text
 """The sources measured, in the table's order."""
 
 QUICK = dict(position=40, replay_batches=5, rounds=1, examples=96, batch=8)
+"""What `--quick` presets: flags given with it win (`tfdist.bench.flags.parse_quick`)."""
 
 
 def _write_sources(kinds, folder, examples, sequence_length):
@@ -220,7 +221,8 @@ def parser():
                         help="comma-separated, of: " + ", ".join(SOURCE_KINDS))
     result.add_argument("--json-out", default=None, help="also write the report as JSON here")
     result.add_argument("--quick", action="store_true",
-                        help="tiny data, position 40, one round (for tests)")
+                        help="tiny data, position 40, batch 8, one round (for tests); flags "
+                             "given with it win")
     add_tf_log_level_flag(result)
     return result
 
@@ -233,9 +235,10 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
+    from tfdist.bench.flags import parse_quick
     from tfdist.runtime.tf_logging import import_tensorflow
 
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_quick(parser(), sys.argv[1:] if argv is None else argv, QUICK)
     kinds = tuple(kind.strip() for kind in args.sources.split(",") if kind.strip())
     bad = [kind for kind in kinds if kind not in SOURCE_KINDS]
     if bad or not kinds:
@@ -243,8 +246,6 @@ def main(argv=None):
     import_tensorflow(args.tf_log_level)
     options = dict(position=args.position, replay_batches=args.replay_batches,
                    rounds=args.rounds, examples=args.examples, batch=args.batch)
-    if args.quick:
-        options.update(QUICK)
     report = run_resume_bench(kinds=kinds, **options, log=print)
     print_report(format_report(report), report, args.json_out)
     return 0

@@ -35,6 +35,14 @@ FULL = {
 check, for both models) finishes in under 10 minutes on 2 CPU cores."""
 
 
+ROUNDS = dict(rounds=3, steps=3, sweep_rounds=2, sweep_steps=3, warmup_steps=2)
+"""How long the default report measures: the settings comparison's alternating
+rounds and steps, the same for every sweep point, and the untimed steps before."""
+
+QUICK_ROUNDS = dict(rounds=1, steps=2, sweep_rounds=1, sweep_steps=2, warmup_steps=1)
+"""The same under `--quick`; a value given explicitly wins."""
+
+
 @dataclasses.dataclass
 class ReportOptions:
     """What `run_report` measures (the CLI's flags).
@@ -52,6 +60,8 @@ class ReportOptions:
             "engine"); empty for none.
         rounds, steps: alternating rounds and steps of the comparison.
         sweep_rounds, sweep_steps: the same for every sweep point.
+        warmup_steps: untimed steps before each measurement.
+            These five left None take `ROUNDS` (`QUICK_ROUNDS` when `quick`).
         sweep_repeats: runs of the whole sweep (each point keeps its median).
         profile: profile 2 steps of each compared setting into
             `out_dir/profiles/<model>/` for the step-time shares by op kind.
@@ -77,10 +87,11 @@ class ReportOptions:
     precision: str = "float32"
     xla: str = "auto"
     factors: tuple = ("precision", "xla", "engine")
-    rounds: int = 3
-    steps: int = 3
-    sweep_rounds: int = 2
-    sweep_steps: int = 3
+    rounds: int = None
+    steps: int = None
+    sweep_rounds: int = None
+    sweep_steps: int = None
+    warmup_steps: int = None
     sweep_repeats: int = 1
     profile: bool = True
     sequence_length: int = None
@@ -88,6 +99,11 @@ class ReportOptions:
     data: str = None
     point_timeout: float = 600.0
     command: str = ""
+
+    def __post_init__(self):
+        for name, value in (QUICK_ROUNDS if self.quick else ROUNDS).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     def workload(self, model):
         """The `Workload` of `model` under these options.
@@ -187,8 +203,8 @@ def run_report(options, log=print):
                 f"({'per-replica' if options.scaling == 'weak' else 'global'} batch {batch}):")
             sweeps[model] = run_sweep(
                 workload, points, mode=options.scaling, batch=batch, precision=options.precision,
-                xla=options.xla, rounds=1 if quick else options.sweep_rounds,
-                steps=2 if quick else options.sweep_steps, warmup_steps=1 if quick else 2,
+                xla=options.xla, rounds=options.sweep_rounds, steps=options.sweep_steps,
+                warmup_steps=options.warmup_steps,
                 out_dir=options.out_dir, timeout=options.point_timeout,
                 repeats=options.sweep_repeats, log=log)
     if sweeps:
@@ -209,8 +225,7 @@ def run_report(options, log=print):
             # One replica: the sweep's batch is then the global batch in both modes.
             settings = compare_settings(
                 workload, options.batch_for(model), factors=options.factors,
-                rounds=1 if quick else options.rounds, steps=2 if quick else options.steps,
-                warmup_steps=1 if quick else 2,
+                rounds=options.rounds, steps=options.steps, warmup_steps=options.warmup_steps,
                 profile_dir=(os.path.join(options.out_dir, "profiles", model)
                              if options.profile else None),
                 peak_size=QUICK_SIZE if quick else None, log=log)

@@ -43,7 +43,8 @@ import sys
 import tempfile
 import time
 
-from tfdist.bench.pipeline_bench import bench_decoder_lm, run_split_bench, token_dataset
+from tfdist.bench.pipeline_bench import (bench_decoder_lm, run_split_bench, split_bench_args,
+                                         token_dataset)
 from tfdist.precision import cpu_model_name
 
 
@@ -285,7 +286,7 @@ def main(argv=None):
     >>> main(["--quick"])  # doctest: +SKIP
     0
     """
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = split_bench_args(parser(), sys.argv[1:] if argv is None else argv)
     return run_split_bench(args, args.shards, run_tensor_parallel_bench, format_report,
                            shards=args.shards)
 
