@@ -228,14 +228,18 @@ def test_the_engine_benchmark_runs_each_model_at_its_recipe_batch(argv, size, ba
 
 def test_quick_presets_what_the_command_line_leaves_unset_and_honours_what_it_gives():
     from tfdist.bench import autotune_check, pipeline_bench, ps_bench, resume_bench
-    from tfdist.bench.commands import engine_args
+    from tfdist.bench.commands import engine_args, engine_run
     from tfdist.bench.flags import parse_quick
     from tfdist.bench.run import ReportOptions
 
-    engine = engine_args(["--quick", "--sequence-length", "64"])
-    assert (engine.sequence_length, engine.vocab_size, engine.batch) == (64, 256, 8)
-    # Without --quick nothing is preset, not even the keys that are no flag.
-    assert not hasattr(engine_args([]), "image_size")
+    workload, batch, *_ = engine_run(engine_args(["--quick", "--sequence-length", "64"]))
+    assert (workload.sequence_length, workload.vocab_size, batch) == (64, 256, 8)
+    workload, batch, *_ = engine_run(engine_args(["--quick", "--model", "cnn"]))
+    assert (workload.image_size, batch) == (16, 8)
+    assert (engine_args(["--quick"]).warmup_steps, engine_args([]).warmup_steps) == (1, 2)
+    workload, *_ = engine_run(engine_args([]))
+    assert (workload.sequence_length, workload.vocab_size, workload.image_size) == (128, 8000,
+                                                                                    None)
 
     args = parse_quick(autotune_check.parser(),
                        ["--quick", "--models", "transformer=tiny,cnn=resnet_tiny",
@@ -267,3 +271,17 @@ def test_quick_presets_what_the_command_line_leaves_unset_and_honours_what_it_gi
     assert ReportOptions(quick=True, rounds=4, sweep_steps=5).rounds == 4
     assert ReportOptions(quick=True, rounds=4, sweep_steps=5).sweep_steps == 5
     assert (ReportOptions().rounds, ReportOptions().warmup_steps) == (3, 2)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--model", "cnn", "--sequence-length", "64"], "--sequence-length shape"),
+    (["--data", "embedded", "--vocab-size", "300", "--sequence-length", "16"],
+     "--sequence-length and --vocab-size shape"),
+])
+def test_engine_token_flags_for_data_they_do_not_shape_exit_2_naming_them(argv, named, capsys):
+    from tfdist.bench.commands import main
+
+    assert main(["engine", *argv]) == 2
+    error = capsys.readouterr().err
+    assert named in error and "drop" in error, error
+    assert "Traceback" not in error

@@ -147,9 +147,16 @@ def engine_parser():
     parser.add_argument("--batch", type=_positive, default=None,
                         help="global batch (default: the recipe's for the model, the batch the "
                              "speed goals are set at: Transformer small 32, base 16, CNN 128)")
-    parser.add_argument("--sequence-length", type=_positive, default=128)
-    parser.add_argument("--vocab-size", type=_positive, default=8000)
-    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None)
+    parser.add_argument("--sequence-length", type=_positive, default=None,
+                        help="tokens per example of the Transformer's synthetic data "
+                             "(default 128; --quick 32)")
+    parser.add_argument("--vocab-size", type=_positive, default=None,
+                        help="vocabulary of the Transformer's synthetic data (default 8000; "
+                             "--quick 256)")
+    parser.add_argument("--data", choices=("synthetic", "embedded"), default=None,
+                        help="the Transformer's data: synthetic tokens (default) or the "
+                             "recipe's embedded task; the CNN always trains on its embedded "
+                             "shapes")
     parser.add_argument("--strategy", default="default",
                         help="strategy of the same-settings pairs: default (none), one_device, "
                              "mirrored (default: default)")
@@ -243,10 +250,9 @@ def run_report_command(argv):
     return 0
 
 
-ENGINE_QUICK = dict(batch=8, rounds=1, steps=2, warmup_steps=1, sequence_length=32,
-                    vocab_size=256, image_size=16)
-"""What `tfdist bench engine --quick` presets (the tiny model besides): flags
-given with it win (`tfdist.bench.flags.parse_quick`)."""
+ENGINE_QUICK = dict(batch=8, rounds=1, steps=2, warmup_steps=1)
+"""What `tfdist bench engine --quick` presets (besides the tiny model on tiny
+data, `engine_run`): flags given with it win (`tfdist.bench.flags.parse_quick`)."""
 
 
 def engine_args(argv):
@@ -254,6 +260,10 @@ def engine_args(argv):
 
     Args:
         argv: the flags after `engine`.
+
+    Raises:
+        ValueError: `--sequence-length` or `--vocab-size` for data they do not
+            shape (the CNN's images, the Transformer's embedded task).
 
     Example:
 
@@ -263,7 +273,14 @@ def engine_args(argv):
     """
     from tfdist.bench.flags import parse_quick
 
-    return parse_quick(engine_parser(), argv, ENGINE_QUICK)
+    args = parse_quick(engine_parser(), argv, ENGINE_QUICK)
+    token_flags = [flag for flag, value in (("--sequence-length", args.sequence_length),
+                                            ("--vocab-size", args.vocab_size)) if value]
+    if token_flags and (args.model != "transformer" or args.data == "embedded"):
+        data = "the CNN's images" if args.model != "transformer" else "the embedded task"
+        raise ValueError(f"{' and '.join(token_flags)} shape the Transformer's synthetic "
+                         f"tokens, not {data}: drop {'them' if len(token_flags) > 1 else 'it'}.")
+    return args
 
 
 def engine_run(args):
@@ -293,8 +310,9 @@ def engine_run(args):
     if args.quick and size is None:
         size = "tiny" if args.model == "transformer" else "resnet_tiny"
     workload = Workload(args.model, size=size, data=args.data,
-                        sequence_length=args.sequence_length, vocab_size=args.vocab_size,
-                        image_size=getattr(args, "image_size", None), recipe_flags=flags)
+                        sequence_length=args.sequence_length or (32 if args.quick else 128),
+                        vocab_size=args.vocab_size or (256 if args.quick else 8000),
+                        image_size=16 if args.quick else None, recipe_flags=flags)
     return (workload, args.batch or default_batch(args.model, workload.size), args.rounds,
             args.steps or default_steps(args.model), args.warmup_steps)
 
