@@ -7,6 +7,7 @@ Example:
 """
 
 from tfdist.models.batch_norm import FusedBatchNormalization
+from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 from tfdist.models.layout_maps import decoder_lm_layout_map, resnet_layout_map
 from tfdist.models.losses import MaskedAccuracy, MaskedSparseCategoricalCrossentropy
@@ -57,6 +58,7 @@ __all__ = [
     "TRANSFORMER_SIZES",
     "DecoderBlock",
     "FusedBatchNormalization",
+    "LayerNormalization",
     "MaskedAccuracy",
     "MaskedSparseCategoricalCrossentropy",
     "PaddingMask",

@@ -1,7 +1,8 @@
 """Keras 3 layers of tfdist's Transformer models.
 
 Written with `keras.layers` and `keras.ops` only (the feed-forward GELUs
-come XLA-compiled from `tfdist.models.activations`), registered for
+come XLA-compiled from `tfdist.models.activations`, the layer norms with
+their gradient written out from `tfdist.models.layer_norm`), registered for
 serialisation under the package name "tfdist", so a `.keras` file that holds
 them loads back with `keras.saving.load_model` once `tfdist.models` has been
 imported.
@@ -14,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from tfdist.models.activations import GELU_FORMS
+from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.sharded_embedding import ShardedEmbedding
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal")
@@ -225,13 +227,13 @@ class DecoderBlock(keras.layers.Layer):
         self.dropout = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         policy = self.dtype_policy
-        self.attention_norm = keras.layers.LayerNormalization(
+        self.attention_norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="attention_norm")
         self.attention = keras.layers.MultiHeadAttention(
             num_heads=self.num_heads, key_dim=self.d_model // self.num_heads,
             dropout=self.dropout, dtype=policy, name="attention")
         self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
-        self.ffn_norm = keras.layers.LayerNormalization(
+        self.ffn_norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="ffn_norm")
         self.ffn_in = keras.layers.Dense(self.d_ff, activation=GELU_FORMS[gelu], dtype=policy,
                                          name="ffn_in")

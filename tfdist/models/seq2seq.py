@@ -27,6 +27,7 @@ from keras import ops
 
 from tfdist.models.config_checks import check_transformer_fields, is_int
 from tfdist.models.activations import GELU_FORMS
+from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.layers import POSITION_EMBEDDINGS, PaddingMask, sinusoidal_position_table
 
 _INT_FIELDS = ("source_vocab_size", "target_vocab_size", "source_max_len", "target_max_len",
@@ -306,7 +307,7 @@ class _Block(keras.layers.Layer):
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon,
+        return LayerNormalization(epsilon=self.layer_norm_epsilon,
                                                dtype=self.dtype_policy, name=name)
 
     def _attention(self, name):
@@ -474,7 +475,7 @@ def build_seq2seq(config, name="seq2seq"):
                      config.dropout, name="source_positions")(source_embedding(source_ids))
     for i in range(config.num_encoder_layers):
         x = EncoderBlock(**block_args, name=f"encoder_block_{i}")(x, padding_mask=source_mask)
-    encoder_output = keras.layers.LayerNormalization(
+    encoder_output = LayerNormalization(
         epsilon=config.layer_norm_epsilon, name="encoder_final_norm")(x)
 
     y = AddPositions(config.target_max_len, config.d_model, config.position_embedding,
@@ -482,7 +483,7 @@ def build_seq2seq(config, name="seq2seq"):
     for i in range(config.num_decoder_layers):
         y = CrossAttentionDecoderBlock(**block_args, name=f"decoder_block_{i}")(
             y, encoder_output, target_mask=target_mask, source_mask=source_mask)
-    y = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon,
+    y = LayerNormalization(epsilon=config.layer_norm_epsilon,
                                         name="decoder_final_norm")(y)
     if config.tie_embeddings:
         y = target_embedding(y, reverse=True)

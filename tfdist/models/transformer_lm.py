@@ -18,6 +18,7 @@ import types
 import keras
 
 from tfdist.models.config_checks import check_transformer_fields, is_int
+from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 
 _INT_FIELDS = ("vocab_size", "max_len", "num_layers", "d_model", "num_heads", "d_ff")
@@ -185,7 +186,7 @@ def build_decoder_lm(config, name="decoder_lm", embedding_shards=1):
                          dropout=config.dropout,
                          layer_norm_epsilon=config.layer_norm_epsilon, gelu=config.gelu,
                          name=f"block_{i}")(x, padding_mask=padding_mask)
-    x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon,
+    x = LayerNormalization(epsilon=config.layer_norm_epsilon,
                                         name="final_norm")(x)
     x = keras.layers.Dense(config.vocab_size, name="lm_head")(x)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits")(x)
