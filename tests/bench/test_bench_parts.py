@@ -274,14 +274,21 @@ def test_quick_presets_what_the_command_line_leaves_unset_and_honours_what_it_gi
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--model", "cnn", "--sequence-length", "64"], "--sequence-length shape"),
-    (["--data", "embedded", "--vocab-size", "300", "--sequence-length", "16"],
-     "--sequence-length and --vocab-size shape"),
+    (["engine", "--model", "cnn", "--sequence-length", "64"],
+     "engine: error: --sequence-length shapes the Transformer's synthetic tokens, not the "
+     "CNN's images: drop it."),
+    (["engine", "--data", "embedded", "--vocab-size", "300", "--sequence-length", "16"],
+     "--sequence-length and --vocab-size shape the Transformer's synthetic tokens, not the "
+     "embedded task: drop them."),
+    (["report", "--models", "cnn", "--vocab-size", "300"], "--vocab-size shapes"),
+    (["report", "--data", "embedded", "--sequence-length", "64"], "not the embedded task"),
+    (["autotune", "--models", "cnn=resnet_tiny", "--quick", "--sequence-length", "64"],
+     "not the CNN's images"),
 ])
-def test_engine_token_flags_for_data_they_do_not_shape_exit_2_naming_them(argv, named, capsys):
+def test_token_flags_for_data_they_do_not_shape_exit_2_naming_them(argv, named, capsys):
     from tfdist.bench.commands import main
 
-    assert main(["engine", *argv]) == 2
+    assert main(argv) == 2
     error = capsys.readouterr().err
-    assert named in error and "drop" in error, error
-    assert "Traceback" not in error
+    assert named in error, error
+    assert "Traceback" not in error and len(error.strip().splitlines()) == 1, error

@@ -19,9 +19,9 @@ import sys
 
 from tfdist.bench.report import write_json
 
-QUICK = dict(rounds=1, steps=2, trial_seconds=1.0, batch=8, sequence_length=32, vocab_size=256,
-             image_size=16)
-"""What `--quick` presets: flags given with it win (`tfdist.bench.flags.parse_quick`)."""
+QUICK = dict(rounds=1, steps=2, trial_seconds=1.0, batch=8)
+"""What `--quick` presets (besides tiny data, `workloads_to_check`): flags given
+with it win (`tfdist.bench.flags.parse_quick`)."""
 
 
 def _grid(workload, global_batch_size):
@@ -171,7 +171,8 @@ def parser():
     result.add_argument("--batch", type=positive, default=None,
                         help="global batch (default: the recipes' defaults: transformer tiny 64, "
                              "small 32; cnn resnet_tiny 128; base and large 16)")
-    add_round_flags(result, rounds=4, steps=3, sequence_length=128, vocab_size=8000,
+    add_round_flags(result, rounds=4, steps=3, sequence_length=None, vocab_size=None,
+                    token_defaults=("128; --quick 32", "8000; --quick 256"),
                     quick="small data, batch 8, 1 round of 2 steps, a 1 s trial (for tests); "
                           "flags given with it win")
     return result
@@ -188,13 +189,18 @@ def workloads_to_check(args):
     >>> [(workload.image_size, batch) for workload, batch in workloads_to_check(args)]
     [(16, 8)]
     """
+    from tfdist.bench.flags import refuse_token_flags_without_tokens
     from tfdist.bench.workloads import Workload, default_batch
 
+    items = [item.partition("=") for item in
+             filter(None, (part.strip() for part in args.models.split(",")))]
+    refuse_token_flags_without_tokens(args, None if any(
+        model == "transformer" for model, _, _ in items) else "the CNN's images")
     workloads = []
-    for item in filter(None, (part.strip() for part in args.models.split(","))):
-        model, _, size = item.partition("=")
-        shape = (dict(image_size=args.image_size if args.quick else None) if model == "cnn"
-                 else dict(sequence_length=args.sequence_length, vocab_size=args.vocab_size))
+    for model, _, size in items:
+        shape = (dict(image_size=16 if args.quick else None) if model == "cnn" else dict(
+            sequence_length=args.sequence_length or (32 if args.quick else 128),
+            vocab_size=args.vocab_size or (256 if args.quick else 8000)))
         workload = Workload(model, size=size or None, **shape)
         workloads.append((workload, args.batch or default_batch(model, workload.size)))
     return workloads

@@ -217,11 +217,15 @@ def run_report_command(argv):
     >>> run_report_command(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
     0
     """
+    from tfdist.bench.flags import refuse_token_flags_without_tokens
     from tfdist.bench.plot import MISSING_MATPLOTLIB, matplotlib_available
     from tfdist.bench.run import ReportOptions, command_line, run_report
     from tfdist.bench.sweep import default_max_replicas
 
     args = report_parser().parse_args(argv)
+    refuse_token_flags_without_tokens(args, (
+        "the CNN's images" if "transformer" not in args.models
+        else "the embedded task" if args.data == "embedded" else None))
     import_tensorflow(args.tf_log_level)
     if args.max_replicas is None:
         args.max_replicas = default_max_replicas()
@@ -271,15 +275,12 @@ def engine_args(argv):
     >>> args.batch, args.rounds, args.steps
     (8, 1, 5)
     """
-    from tfdist.bench.flags import parse_quick
+    from tfdist.bench.flags import parse_quick, refuse_token_flags_without_tokens
 
     args = parse_quick(engine_parser(), argv, ENGINE_QUICK)
-    token_flags = [flag for flag, value in (("--sequence-length", args.sequence_length),
-                                            ("--vocab-size", args.vocab_size)) if value]
-    if token_flags and (args.model != "transformer" or args.data == "embedded"):
-        data = "the CNN's images" if args.model != "transformer" else "the embedded task"
-        raise ValueError(f"{' and '.join(token_flags)} shape the Transformer's synthetic "
-                         f"tokens, not {data}: drop {'them' if len(token_flags) > 1 else 'it'}.")
+    refuse_token_flags_without_tokens(args, (
+        "the CNN's images" if args.model != "transformer"
+        else "the embedded task" if args.data == "embedded" else None))
     return args
 
 

@@ -30,13 +30,17 @@ def add_transformer_flags(parser):
     parser.add_argument("--batch", type=positive, default=32, help="global batch (default 32)")
 
 
-def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick):
+def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick,
+                    token_defaults=None):
     """Adds --rounds, --steps, --sequence-length, --vocab-size, --json-out, --quick, --tf-log-level.
 
     Args:
         parser: an `argparse.ArgumentParser`.
         rounds, steps, sequence_length, vocab_size: the benchmark's defaults.
         quick: the help of `--quick` (what the quick setting runs).
+        token_defaults: the help's words for the defaults of --sequence-length
+            and --vocab-size where they are None (resolved later), e.g.
+            `("128; --quick 32", "8000; --quick 256")`.
 
     Example:
 
@@ -52,8 +56,11 @@ def add_round_flags(parser, *, rounds, steps, sequence_length, vocab_size, quick
                         help=f"alternating rounds (default {rounds})")
     parser.add_argument("--steps", type=positive, default=steps,
                         help=f"timed steps per setting and round (default {steps})")
-    parser.add_argument("--sequence-length", type=positive, default=sequence_length)
-    parser.add_argument("--vocab-size", type=int_at_least(2), default=vocab_size)
+    shown = token_defaults or (sequence_length, vocab_size)
+    parser.add_argument("--sequence-length", type=positive, default=sequence_length,
+                        help=f"tokens per example of the synthetic data (default {shown[0]})")
+    parser.add_argument("--vocab-size", type=int_at_least(2), default=vocab_size,
+                        help=f"vocabulary of the synthetic data (default {shown[1]})")
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true", help=quick)
     add_tf_log_level_flag(parser)
@@ -98,6 +105,35 @@ def parse_quick(parser, argv, quick_values):
             if dest not in defaults:
                 setattr(args, dest, value)
     return args
+
+
+TOKEN_FLAGS = (("--sequence-length", "sequence_length"), ("--vocab-size", "vocab_size"))
+"""The flags that shape the Transformer's synthetic tokens, and their destinations."""
+
+
+def refuse_token_flags_without_tokens(args, measured):
+    """Refuses `--sequence-length` and `--vocab-size` when no synthetic tokens are measured.
+
+    Args:
+        args: the parsed flags (None where a flag was not given).
+        measured: what is measured instead, e.g. "the CNN's images"; None when
+            the Transformer's synthetic tokens are measured.
+
+    Raises:
+        ValueError: naming the flags given for data they do not shape.
+
+    Example:
+
+    >>> args = argparse.Namespace(sequence_length=64, vocab_size=None)
+    >>> refuse_token_flags_without_tokens(args, "the CNN's images")
+    Traceback (most recent call last):
+    ValueError: --sequence-length shapes the Transformer's synthetic tokens, not the CNN's images: drop it.
+    """
+    given = [flag for flag, dest in TOKEN_FLAGS if getattr(args, dest) is not None]
+    if given and measured:
+        verb, pronoun = ("shape", "them") if len(given) > 1 else ("shapes", "it")
+        raise ValueError(f"{' and '.join(given)} {verb} the Transformer's synthetic tokens, "
+                         f"not {measured}: drop {pronoun}.")
 
 
 def split_transformer_parser(prog, description, split_flag, split_default, split_help):
