@@ -307,8 +307,8 @@ class _Block(keras.layers.Layer):
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
 
     def _norm(self, name):
-        return LayerNormalization(epsilon=self.layer_norm_epsilon,
-                                               dtype=self.dtype_policy, name=name)
+        return LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+                                  name=name)
 
     def _attention(self, name):
         return keras.layers.MultiHeadAttention(
@@ -483,8 +483,7 @@ def build_seq2seq(config, name="seq2seq"):
     for i in range(config.num_decoder_layers):
         y = CrossAttentionDecoderBlock(**block_args, name=f"decoder_block_{i}")(
             y, encoder_output, target_mask=target_mask, source_mask=source_mask)
-    y = LayerNormalization(epsilon=config.layer_norm_epsilon,
-                                        name="decoder_final_norm")(y)
+    y = LayerNormalization(epsilon=config.layer_norm_epsilon, name="decoder_final_norm")(y)
     if config.tie_embeddings:
         y = target_embedding(y, reverse=True)
     else:

@@ -186,8 +186,7 @@ def build_decoder_lm(config, name="decoder_lm", embedding_shards=1):
                          dropout=config.dropout,
                          layer_norm_epsilon=config.layer_norm_epsilon, gelu=config.gelu,
                          name=f"block_{i}")(x, padding_mask=padding_mask)
-    x = LayerNormalization(epsilon=config.layer_norm_epsilon,
-                                        name="final_norm")(x)
+    x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="final_norm")(x)
     x = keras.layers.Dense(config.vocab_size, name="lm_head")(x)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits")(x)
     return keras.Model(token_ids, logits, name=name)
