@@ -190,18 +190,15 @@ def workloads_to_check(args):
     [(16, 8)]
     """
     from tfdist.bench.flags import refuse_token_flags_without_tokens
-    from tfdist.bench.workloads import Workload, default_batch
+    from tfdist.bench.workloads import Workload, data_options, default_batch
 
     items = [item.partition("=") for item in
              filter(None, (part.strip() for part in args.models.split(",")))]
-    refuse_token_flags_without_tokens(args, None if any(
-        model == "transformer" for model, _, _ in items) else "the CNN's images")
+    refuse_token_flags_without_tokens(args, any(model == "transformer" for model, _, _ in items))
     workloads = []
     for model, _, size in items:
-        shape = (dict(image_size=16 if args.quick else None) if model == "cnn" else dict(
-            sequence_length=args.sequence_length or (32 if args.quick else 128),
-            vocab_size=args.vocab_size or (256 if args.quick else 8000)))
-        workload = Workload(model, size=size or None, **shape)
+        workload = Workload(model, size=size or None, **data_options(
+            model, args.quick, args.sequence_length, args.vocab_size))
         workloads.append((workload, args.batch or default_batch(model, workload.size)))
     return workloads
 
@@ -220,10 +217,10 @@ def main(argv=None):
     args = parse_quick(parser(), sys.argv[1:] if argv is None else argv, QUICK)
     import_tensorflow(args.tf_log_level)
     workloads = workloads_to_check(args)
+    budget = dict(trial_seconds=args.trial_seconds) if args.quick else {}
     reports = []
     for workload, batch in workloads:
         print(f"== {workload.label}, global batch {batch}", flush=True)
-        budget = dict(trial_seconds=args.trial_seconds) if args.quick else {}
         reports.append(check_autotune(workload, batch, rounds=args.rounds, steps=args.steps,
                                       log=print, **budget))
     print(format_check(reports))

@@ -223,9 +223,7 @@ def run_report_command(argv):
     from tfdist.bench.sweep import default_max_replicas
 
     args = report_parser().parse_args(argv)
-    refuse_token_flags_without_tokens(args, (
-        "the CNN's images" if "transformer" not in args.models
-        else "the embedded task" if args.data == "embedded" else None))
+    refuse_token_flags_without_tokens(args, "transformer" in args.models, args.data)
     import_tensorflow(args.tf_log_level)
     if args.max_replicas is None:
         args.max_replicas = default_max_replicas()
@@ -278,9 +276,7 @@ def engine_args(argv):
     from tfdist.bench.flags import parse_quick, refuse_token_flags_without_tokens
 
     args = parse_quick(engine_parser(), argv, ENGINE_QUICK)
-    refuse_token_flags_without_tokens(args, (
-        "the CNN's images" if args.model != "transformer"
-        else "the embedded task" if args.data == "embedded" else None))
+    refuse_token_flags_without_tokens(args, args.model == "transformer", args.data)
     return args
 
 
@@ -304,16 +300,15 @@ def engine_run(args):
     import shlex
 
     from tfdist.bench.engine_compare import default_steps
-    from tfdist.bench.workloads import Workload, default_batch
+    from tfdist.bench.workloads import Workload, data_options, default_batch
 
-    flags = tuple(shlex.split(args.recipe_flags))
     size = args.size
     if args.quick and size is None:
         size = "tiny" if args.model == "transformer" else "resnet_tiny"
     workload = Workload(args.model, size=size, data=args.data,
-                        sequence_length=args.sequence_length or (32 if args.quick else 128),
-                        vocab_size=args.vocab_size or (256 if args.quick else 8000),
-                        image_size=16 if args.quick else None, recipe_flags=flags)
+                        recipe_flags=tuple(shlex.split(args.recipe_flags)),
+                        **data_options(args.model, args.quick, args.sequence_length,
+                                       args.vocab_size))
     return (workload, args.batch or default_batch(args.model, workload.size), args.rounds,
             args.steps or default_steps(args.model), args.warmup_steps)
 

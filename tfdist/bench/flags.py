@@ -111,13 +111,14 @@ TOKEN_FLAGS = (("--sequence-length", "sequence_length"), ("--vocab-size", "vocab
 """The flags that shape the Transformer's synthetic tokens, and their destinations."""
 
 
-def refuse_token_flags_without_tokens(args, measured):
+def refuse_token_flags_without_tokens(args, transformer, data=None):
     """Refuses `--sequence-length` and `--vocab-size` when no synthetic tokens are measured.
 
     Args:
         args: the parsed flags (None where a flag was not given).
-        measured: what is measured instead, e.g. "the CNN's images"; None when
-            the Transformer's synthetic tokens are measured.
+        transformer: whether a Transformer is measured (else only the CNN's images).
+        data: the Transformer's `--data` ("embedded": the recipe's task, not
+            synthetic tokens; None or "synthetic": the tokens).
 
     Raises:
         ValueError: naming the flags given for data they do not shape.
@@ -125,11 +126,13 @@ def refuse_token_flags_without_tokens(args, measured):
     Example:
 
     >>> args = argparse.Namespace(sequence_length=64, vocab_size=None)
-    >>> refuse_token_flags_without_tokens(args, "the CNN's images")
+    >>> refuse_token_flags_without_tokens(args, transformer=False)
     Traceback (most recent call last):
     ValueError: --sequence-length shapes the Transformer's synthetic tokens, not the CNN's images: drop it.
     """
     given = [flag for flag, dest in TOKEN_FLAGS if getattr(args, dest) is not None]
+    measured = ("the CNN's images" if not transformer
+                else "the embedded task" if data == "embedded" else None)
     if given and measured:
         verb, pronoun = ("shape", "them") if len(given) > 1 else ("shapes", "it")
         raise ValueError(f"{' and '.join(given)} {verb} the Transformer's synthetic tokens, "

@@ -17,12 +17,12 @@ import platform
 import sys
 
 from tfdist.bench.load import LoadMonitor
-from tfdist.bench.workloads import Workload
+from tfdist.bench.workloads import QUICK_DATA, Workload
 from tfdist.precision import cpu_model_name
 
 QUICK = {
-    "transformer": dict(size="tiny", sequence_length=32, vocab_size=256, batch=8),
-    "cnn": dict(size="resnet_tiny", image_size=16, batch=16),
+    "transformer": dict(size="tiny", batch=8, **QUICK_DATA["transformer"]),
+    "cnn": dict(size="resnet_tiny", batch=16, **QUICK_DATA["cnn"]),
 }
 """Small workloads of `--quick` (for tests: seconds per step, not minutes)."""
 

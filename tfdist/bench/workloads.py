@@ -60,6 +60,28 @@ def default_batch(model, size):
     """
     return DEFAULT_BATCHES.get(size) or {"transformer": 32, "cnn": 64}[model]
 
+QUICK_DATA = {"transformer": dict(sequence_length=32, vocab_size=256), "cnn": dict(image_size=16)}
+"""The tiny data of the benches' `--quick`: the Transformer's synthetic tokens, the
+CNN's image side."""
+
+
+def data_options(model, quick, sequence_length=None, vocab_size=None):
+    """`Workload` keyword arguments of a model's data: the token shape given (the
+    Transformer's), else `QUICK_DATA` under `--quick`, else `Workload`'s defaults.
+
+    Example:
+
+    >>> data_options("transformer", True, vocab_size=300)
+    {'sequence_length': 32, 'vocab_size': 300}
+    >>> data_options("cnn", False)
+    {}
+    """
+    options = dict(QUICK_DATA[model]) if quick else {}
+    if model == "transformer":
+        options.update((name, value) for name, value in (("sequence_length", sequence_length),
+                                                         ("vocab_size", vocab_size)) if value)
+    return options
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadData:
