@@ -59,6 +59,7 @@ from tfdist.seam.tf_distribute import (create_plain_variable, default_strategy,
                                        without_colocation)
 from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_service,
                                     coordination_key_value_store, forget_retracing_counts,
+                                    install_exact_bfloat16_bias_gradients,
                                     leave_tfdist_code_unconverted, local_gpu_memory_limits,
                                     wait_for_peers_at_exit)
 
@@ -84,6 +85,7 @@ __all__ = [
     "has_layer_graph",
     "held_learning_rate",
     "held_learning_rate_replaced",
+    "install_exact_bfloat16_bias_gradients",
     "install_quiet_device_iterators",
     "is_plain_resource_variable",
     "join_predicted_batches",
