@@ -60,6 +60,7 @@ def default_batch(model, size):
     """
     return DEFAULT_BATCHES.get(size) or {"transformer": 32, "cnn": 64}[model]
 
+
 QUICK_DATA = {"transformer": dict(sequence_length=32, vocab_size=256), "cnn": dict(image_size=16)}
 """The tiny data of the benches' `--quick`: the Transformer's synthetic tokens, the
 CNN's image side."""

@@ -57,7 +57,7 @@ def install_exact_bfloat16_bias_gradients():
     Keras adds the bias of `Dense`, `EinsumDense` and convolution layers with
     `tf.nn.bias_add`, whose gradient is TensorFlow's `BiasAddGrad` kernel. On
     CPUs that kernel sums bfloat16 gradients in bfloat16: over 4,096 rows of
-    standard-normal values its result is off by 11-20% of the largest entry
+    standard-normal values its result is off by 10-20% of the largest entry
     (against 0.2-0.3%, the rounding of the bfloat16 result, for a float32
     accumulation), so under `mixed_bfloat16` the bias of every such layer
     learns from a gradient with that error. It is slow as well: 6.8 ms for a

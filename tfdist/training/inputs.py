@@ -24,9 +24,8 @@ import types
 import keras
 import tensorflow as tf
 
-from tfdist.seam import (install_exact_bfloat16_bias_gradients, install_quiet_device_iterators,
-                         keras_class_weight_map_fn, leave_tfdist_code_unconverted,
-                         per_replica_value_spec)
+from tfdist.seam import (install_quiet_device_iterators, keras_class_weight_map_fn,
+                         leave_tfdist_code_unconverted, per_replica_value_spec)
 from tfdist.distribute.collectives import agreed_seed
 from tfdist.distribute.introspection import is_multi_worker
 from tfdist.training import arrays
@@ -35,8 +34,6 @@ from tfdist.training import arrays
 install_quiet_device_iterators()
 # tfdist's graph code is traced as written, without AutoGraph's rewrite (see the seam).
 leave_tfdist_code_unconverted()
-# bfloat16 bias gradients summed in float32 (TensorFlow's CPU kernel sums them in bfloat16).
-install_exact_bfloat16_bias_gradients()
 
 ALLOWED_INPUTS = (
     "numpy arrays (or lists / dicts of them) with y and batch_size, "

@@ -40,8 +40,8 @@ the replica's mean loss `L`, weighted by its number of examples (`n = L * e`,
 
 import tensorflow as tf
 
-from tfdist.seam import (default_strategy, get_keras_mask, model_loss_tracker, model_loss_value,
-                         set_keras_mask)
+from tfdist.seam import (default_strategy, get_keras_mask, install_exact_bfloat16_bias_gradients,
+                         model_loss_tracker, model_loss_value, set_keras_mask)
 from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
@@ -49,6 +49,9 @@ from tfdist.training.model_hooks import keras_losses_unscaled
 from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
                                        loss_scale, scale_gradient)
 from tfdist.training.step_kinds import LossStatsLayout
+
+# bfloat16 bias gradients summed in float32 (TensorFlow's CPU kernel sums them in bfloat16).
+install_exact_bfloat16_bias_gradients()
 
 
 class StepFunctions:
