@@ -354,6 +354,77 @@ def test_a_source_of_one_example_per_record_skips_records_before_decoding_them()
         np.testing.assert_array_equal(labels, their_labels)
 
 
+class CountedText(TextSource):
+    """Packed text whose windows count how many are split into (inputs, targets)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.finished = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def finish_example(self, window):
+        self.finished.assign_add(1)
+        return super().finish_example(window)
+
+
+class CountedTokenRecords(TFRecordSource):
+    """Token records, one example each, counting the records decoded."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def decode(self, record):
+        self.decoded.assign_add(1)
+        return super().decode(record)
+
+
+def test_packed_text_is_skipped_as_windows_never_split_into_examples(tmp_path):
+    """3,000 lines packed into 3,333 windows, started 2,400 windows in: the
+    skipped windows are packed and shuffled (a window is a slice of the
+    stream) but never split into (inputs, targets), the step that runs a
+    function per window; what follows is what the whole pipeline gives."""
+    (tmp_path / "a.txt").write_text("".join(f"line {i:04d}\n" for i in range(3000)))
+    source = CountedText(str(tmp_path / "*.txt"), sequence_length=8)
+    fn = make_dataset_fn(source, 8, seed=4, shuffle_buffer=100)
+    later = [inputs.numpy().tolist() for inputs, _ in fn.positioned(300)(None).take(2)]
+    finished = int(source.finished.numpy())
+    assert 0 < finished <= 400
+    whole = [inputs.numpy().tolist() for inputs, _ in fn(None).take(302)][300:]
+    assert source.finished.numpy() - finished >= 302 * 8  # the whole pipeline splits each
+    assert later == whole
+
+
+def test_token_records_are_skipped_before_decoding_them(tmp_path):
+    """600 token records of one example each, started 560 in: the skipped
+    records are drawn raw and never parsed."""
+    write_token_tfrecords(id_rows(range(600)), str(tmp_path / "ids"), num_files=3)
+    source = CountedTokenRecords(str(tmp_path / "ids-*.tfrecord"), sequence_length=3,
+                                 vocab_size=VOCAB)
+    fn = make_dataset_fn(source, 8, seed=6, shuffle_buffer=64)
+    later = [ids_of(inputs) for inputs, _ in fn.positioned(70)(None).take(3)]
+    assert 0 < source.decoded.numpy() <= 100
+    whole = [ids_of(inputs) for inputs, _ in fn(None).take(73)][70:]
+    assert later == whole
+
+
+class LineBlocks(TextSource):
+    """Text decoded in blocks of lines, its class not saying so."""
+
+    decodes_blocks = False
+
+
+def test_a_sequence_source_decoding_blocks_must_say_so(tmp_path):
+    """Unpacked, a record is one example only when it decodes to one document."""
+    (tmp_path / "a.txt").write_text("".join(f"line {i:03d}\n" for i in range(40)))
+    undeclared = LineBlocks(str(tmp_path / "a.txt"), sequence_length=8, pack=False)
+    with pytest.raises(TypeError, match="set `decodes_blocks = True` on the class"):
+        make_dataset_fn(undeclared, 4, seed=1)(None)
+    declared = TextSource(str(tmp_path / "a.txt"), sequence_length=8, pack=False)
+    fn = make_dataset_fn(declared, 4, seed=1)
+    later = [inputs.numpy().tolist() for inputs, _ in fn.positioned(12)(None).take(2)]
+    assert later == [inputs.numpy().tolist() for inputs, _ in fn(None).take(14)][12:]
+
+
 def test_only_a_seeded_repeated_training_pipeline_can_be_positioned(id_files):
     rows = CountedRows(10)
     assert make_dataset_fn(rows, 5, seed=1).can_position

@@ -82,8 +82,16 @@ def _pass_size(examples, skip):
     size = int(examples.cardinality())
     if size >= 0 or not tf.executing_eagerly():
         return size if size >= 0 else -1
-    counted = int(examples.take(skip).reduce(tf.constant(0, tf.int64), lambda count, _: count + 1))
-    return counted if 0 < counted < skip else -1
+    if any(True for _ in examples.skip(skip - 1).take(1)):
+        return -1  # at least `skip` (found by skipping: no function runs per element)
+    zero = tf.constant(0, tf.int64)
+    if all(spec.shape.is_fully_defined() for spec in tf.nest.flatten(examples.element_spec)):
+        # Counted in chunks: no function call per element (one costs ~10 us).
+        counted = examples.batch(_COUNT_CHUNK).reduce(zero, lambda count, chunk: count + tf.cast(
+            tf.shape(tf.nest.flatten(chunk)[0])[0], tf.int64))
+    else:
+        counted = examples.reduce(zero, lambda count, _: count + 1)
+    return int(counted) or -1
 
 
 def _one_record_order(plan):
@@ -266,11 +274,14 @@ class DatasetFn:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         return dataset.with_options(self._options())
 
-    def _examples(self, records, plan):
-        """The examples of `records`: decoded, regrouped by the source, cached if asked."""
+    def _examples(self, records, plan, *, finished=True):
+        """The examples of `records`: decoded, regrouped by the source, cached if asked
+        (with `finished=False`, never cached: the source's unfinished examples)."""
         source = self.source
         dataset = records.map(_whole_element(source.decode), num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=True if source.keep_record_order else None)
+        if not finished:
+            return source.to_unfinished_examples(dataset)
         dataset = source.to_examples(dataset)
         if self.cache:
             dataset = dataset.cache(self._cache_path(plan))
@@ -285,32 +296,42 @@ class DatasetFn:
         is the same whether or not the passes before it were produced.
         Starting `skip` examples in starts at pass `skip // size` and drops
         `skip % size` elements of it, before augmentation, and before
-        decoding for a source of one example per record (`to_example`).
+        decoding for a source of one example per record (`to_example`), or
+        before the last step for a source that has one (`finish_example`):
+        nothing runs a function per element before the skip.
         """
         source = self.source
         seed = tf.constant(self.seed, tf.int64)
         caches = bool(self.cache) or source.caches_examples
         per_record = callable(source.to_example) and not caches
+        finish = None if caches or per_record else source.finish_example
+
+        def elements(records):
+            if per_record:
+                return records
+            return self._examples(records, plan, finished=finish is None)
+
         if caches or _one_record_order(plan):
             records = source.read(plan)  # one order every pass (a cache keeps the first)
-            elements = records if per_record else self._examples(records, plan)
+            fixed = elements(records)
 
             def unshuffled(pass_index):
-                return elements
+                return fixed
         else:
             num_files = len(plan.files)
 
             def unshuffled(pass_index):
                 order = tf.random.experimental.stateless_shuffle(
                     tf.range(num_files), seed=tf.stack([seed, pass_index]))
-                records = source.read(plan, file_order=order)
-                return records if per_record else self._examples(records, plan)
+                return elements(source.read(plan, file_order=order))
 
         start_pass, offset = 0, skip
         size = _pass_size(unshuffled(tf.constant(0, tf.int64)), skip) if skip else -1
         if size > 0:
             start_pass, offset = divmod(skip, size)
         buffer = self.shuffle_buffer
+        augment = source.augment_with_seed if source.augment is not None else None
+        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
 
         def one_pass(pass_index):
             # The order of pass p is a function of the pipeline's seed and p
@@ -319,25 +340,33 @@ class DatasetFn:
             tf.compat.v1.get_default_graph().seed = None
             order = unshuffled(pass_index).shuffle(
                 buffer, seed=seed * _PASS_SEED_STRIDE + pass_index, reshuffle_each_iteration=False)
-            return order.enumerate().map(lambda index, element: ((pass_index, index), element))
+            # The first pass starts `offset` in. Skipped here, nothing but the
+            # shuffle's draw touches a skipped element: no function runs on it.
+            skipped = tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
+            order = order.skip(skipped)
+            if augment is None:
+                return order
+            # (p, (index in the pass, element)), zipped rather than mapped.
+            return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(pass_index).repeat(),
+                                        order.enumerate(start=skipped)))
 
         stream = tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
-        if offset:
-            stream = stream.skip(offset)
-        if per_record:
-            decode, to_example = source.decode, source.to_example
-            stream = stream.map(lambda key, record: (key, to_example(decode(record))),
-                                num_parallel_calls=tf.data.AUTOTUNE)
-        if source.augment is None:
-            return stream.map(lambda key, example: example)
-        augment = source.augment_with_seed  # `can_position` checked it is there
-        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
+        if not (per_record or finish or augment):
+            return stream
 
-        def augmented(key, example):
-            pass_index, index = key
+        def finished(element):
+            if per_record:
+                return source.to_example(source.decode(element))
+            return element if finish is None else finish(element)
+
+        if augment is None:
+            return stream.map(_whole_element(finished), num_parallel_calls=tf.data.AUTOTUNE)
+
+        def augmented(pass_index, indexed):
+            index, element = indexed
             element_seed = tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
                                      augment_seed * _PASS_SEED_STRIDE + index])
-            return augment(example, element_seed)
+            return augment(finished(element), element_seed)
 
         return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
 

@@ -45,6 +45,12 @@ class Source:
             source whose `to_examples` maps each decoded record to exactly one
             example and caches nothing: a positioned pipeline then skips
             records before decoding them.
+        finish_example: None, or a method `finish_example(element) -> example`
+            for a source whose `to_examples` ends with a map of it over the
+            elements `to_unfinished_examples` returns: a positioned pipeline
+            shuffles and skips unfinished elements and finishes only those it
+            keeps (a map costs a function call per element, ~10 us on a CPU
+            core; skipping through one costs seconds per 100,000 elements).
 
     Example (an in-memory source of squares):
 
@@ -60,6 +66,7 @@ class Source:
     keep_record_order = False
     skipped = None
     to_example = None
+    finish_example = None
 
     @property
     def orders_files(self):
@@ -146,6 +153,16 @@ class Source:
         """Regroups decoded elements into examples (dataset-level). Identity by default."""
         return dataset
 
+    def to_unfinished_examples(self, dataset):
+        """`to_examples` without its last map of `finish_example` (all of it when that is None).
+
+        Example:
+
+        >>> windows = source.to_unfinished_examples(decoded)   # SequenceSource: token windows
+        >>> examples = windows.map(source.finish_example)        # = source.to_examples(decoded)
+        """
+        return self.to_examples(dataset)
+
     def describe(self):
         """Returns a one-line description of the source for logs."""
         return type(self).__name__
@@ -157,7 +174,7 @@ class SequenceSource(Source):
     Subclasses set `vocab_size`, `sequence_length` and `pack`, and make
     `decode` return a 1-D int32 token vector (a document) or an int32
     `tf.RaggedTensor` `[documents, None]` (a block of documents, when records
-    are blocks: cheaper per token). `to_examples` then either packs the
+    are blocks: cheaper per token; then set `decodes_blocks = True`). `to_examples` then either packs the
     documents into consecutive windows of `sequence_length + 1` tokens
     (`pack=True`) or cuts/pads each document to that length (`pack=False`),
     and splits each window into `(inputs, targets)`.
@@ -175,23 +192,64 @@ class SequenceSource(Source):
     vocab_size = None
     sequence_length = None
     pack = True
+    decodes_blocks = False
+    """Whether `decode` returns a block of documents (a ragged tensor), not one document."""
 
-    def to_examples(self, dataset):
-        """Turns a dataset of token vectors into `(inputs, targets)` examples."""
+    def to_windows(self, dataset):
+        """Turns a dataset of token vectors into windows of `sequence_length + 1` tokens.
+
+        Packed (`pack=True`): the documents are concatenated and cut into
+        consecutive windows. Otherwise each document is cut or padded to one.
+
+        Example:
+
+        >>> windows = source.to_windows(tf.data.Dataset.from_tensors(tf.constant([1, 5, 3])))
+        """
         window = self.sequence_length + 1
         blocks = isinstance(dataset.element_spec, tf.RaggedTensorSpec)
         if self.pack:
             if blocks:
                 dataset = dataset.map(lambda docs: docs.flat_values)
-            dataset = pack_windows(dataset, window)
-        elif blocks:
-            dataset = dataset.map(
+            return pack_windows(dataset, window)
+        if blocks:
+            return dataset.map(
                 lambda docs: docs.to_tensor(default_value=PAD_ID, shape=[None, window]),
                 num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-        else:
-            dataset = dataset.map(lambda tokens: pad_or_truncate(tokens, window),
-                                  num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.map(language_model_pair, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.map(lambda tokens: pad_or_truncate(tokens, window),
+                           num_parallel_calls=tf.data.AUTOTUNE)
+
+    def to_examples(self, dataset):
+        """Turns a dataset of token vectors into `(inputs, targets)` examples."""
+        return self.to_windows(dataset).map(self.finish_example,
+                                            num_parallel_calls=tf.data.AUTOTUNE)
+
+    def to_unfinished_examples(self, dataset):
+        """The token windows that `to_examples` splits (`to_windows`)."""
+        return self.to_windows(dataset)
+
+    def finish_example(self, window):
+        """Splits one window of `sequence_length + 1` tokens into `(inputs, targets)`.
+
+        Example:
+
+        >>> inputs, targets = source.finish_example(tf.constant([1, 5, 3]))
+        """
+        return language_model_pair(window)
+
+    @property
+    def to_example(self):
+        """One document cut or padded into `(inputs, targets)`, when each record is one
+        document and is not packed (None otherwise: packing joins records)."""
+        if self.pack or self.decodes_blocks:
+            return None
+        return self._document_example
+
+    def _document_example(self, tokens):
+        if isinstance(tokens, tf.RaggedTensor):
+            raise TypeError(
+                f"{type(self).__name__}.decode returned a block of documents (a ragged tensor) "
+                "where one document was expected: set `decodes_blocks = True` on the class.")
+        return self.finish_example(pad_or_truncate(tokens, self.sequence_length + 1))
 
     def chance(self):
         """Returns the loss/accuracy of a model that cannot learn, or None if unknown.
@@ -277,8 +335,22 @@ class ArraySource(SequenceSource):
     def read_all(self):
         return tf.data.Dataset.from_tensor_slices((self.inputs, self.targets))
 
+    finish_example = None
+
     def to_examples(self, dataset):
         return dataset
+
+    def to_unfinished_examples(self, dataset):
+        return dataset
+
+    def to_example(self, decoded):
+        """One record as its example (records are ready `(inputs, targets)` pairs).
+
+        Example:
+
+        >>> inputs, targets = source.to_example(source.decode(record))
+        """
+        return decoded
 
     def describe(self):
         return (f"{type(self).__name__}({self.num_examples} examples in memory, "

@@ -43,6 +43,8 @@ class TextSource(SequenceSource):
     70
     """
 
+    decodes_blocks = True  # a record is LINES_PER_RECORD lines
+
     def __init__(self, files, sequence_length=128, *, vocabulary="bytes", pack=True):
         if not isinstance(sequence_length, int) or sequence_length < 1:
             raise ValueError(f"sequence_length must be a positive integer, got {sequence_length!r}.")
