@@ -78,20 +78,30 @@ def per_replica_batch_size(global_batch_size, num_replicas):
 
 def _pass_size(examples, skip):
     """Examples in one pass, when known or when a pass is shorter than `skip`
-    (counted then: reading one pass costs less than reading `skip`); else -1."""
+    (counted then: reading one pass costs less than reading `skip`); else -1.
+
+    No function runs per element (a call costs ~10 us): fixed-size numbers
+    (token windows) are counted in chunks in one read; other elements (raw
+    records: batching would copy each string) are first skipped over, and
+    counted only when the pass turns out shorter than `skip`.
+    """
     size = int(examples.cardinality())
     if size >= 0 or not tf.executing_eagerly():
         return size if size >= 0 else -1
-    if any(True for _ in examples.skip(skip - 1).take(1)):
-        return -1  # at least `skip` (found by skipping: no function runs per element)
+    specs = tf.nest.flatten(examples.element_spec)
+    chunked = all(isinstance(spec, tf.TensorSpec) and spec.shape.is_fully_defined()
+                  and spec.dtype != tf.string for spec in specs)
+    if not chunked and any(True for _ in examples.skip(skip - 1).take(1)):
+        return -1
+    examples = examples.take(skip)
     zero = tf.constant(0, tf.int64)
-    if all(spec.shape.is_fully_defined() for spec in tf.nest.flatten(examples.element_spec)):
-        # Counted in chunks: no function call per element (one costs ~10 us).
+    if chunked or all(spec.shape.is_fully_defined() for spec in specs):
         counted = examples.batch(_COUNT_CHUNK).reduce(zero, lambda count, chunk: count + tf.cast(
             tf.shape(tf.nest.flatten(chunk)[0])[0], tf.int64))
     else:
         counted = examples.reduce(zero, lambda count, _: count + 1)
-    return int(counted) or -1
+    counted = int(counted)
+    return counted if 0 < counted < skip else -1
 
 
 def _one_record_order(plan):
