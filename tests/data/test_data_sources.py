@@ -102,6 +102,26 @@ def test_token_tfrecords_round_trip(tmp_path):
     assert got == expected
 
 
+def test_packed_token_tfrecords_keep_every_token_in_order(tmp_path):
+    """600 documents in one file, parsed 256 records at a time: unshuffled, the
+    windows are the documents' tokens back to back, the last window padded;
+    an id outside the vocabulary still fails in a block."""
+    rng = np.random.default_rng(1)
+    sequences = [rng.integers(4, 50, size=rng.integers(1, 9)).tolist() for _ in range(600)]
+    write_token_tfrecords(sequences, str(tmp_path / "tok"), num_files=1)
+    source = TFRecordSource(str(tmp_path / "tok-*.tfrecord"), sequence_length=7, vocab_size=50,
+                            pack=True)
+    inputs, targets = one_epoch(source)
+    stream = np.concatenate([np.concatenate([x[:1], y])
+                             for x, y in zip(inputs, targets, strict=True)]).tolist()
+    expected = sum(sequences, [])
+    assert stream == expected + [PAD_ID] * (-len(expected) % 8)
+    write_token_tfrecords([[1, 4, 99]] * 300, str(tmp_path / "big"))
+    big = TFRecordSource(str(tmp_path / "big-*"), sequence_length=2, vocab_size=50, pack=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="vocab_size=50"):
+        one_epoch(big)
+
+
 def test_token_ids_outside_the_vocabulary_fail_loudly(tmp_path):
     write_token_tfrecords([[1, 4, 99]], str(tmp_path / "big"))
     source = TFRecordSource(str(tmp_path / "big-*"), sequence_length=2, vocab_size=50)
@@ -109,9 +129,13 @@ def test_token_ids_outside_the_vocabulary_fail_loudly(tmp_path):
         one_epoch(source)
 
 
+@pytest.mark.parametrize("count", [3, 600], ids=["one_block", "three_blocks"])
 @pytest.mark.parametrize("fmt", ["text", "raw"])
-def test_text_tfrecords_round_trip(tmp_path, fmt):
+def test_text_tfrecords_round_trip(tmp_path, fmt, count):
+    """Packed records are parsed RECORDS_PER_BLOCK (256) at a time; the token
+    stream is each document's, in order, empty ones included."""
     texts = ["first doc", "second, longer document", "3rd"]
+    texts = (texts * 200)[:count - 1] + [""] if count > 3 else texts
     if fmt == "text":
         write_text_tfrecords(texts, str(tmp_path / "t"), feature="body")
         source = TFRecordSource(str(tmp_path / "t-*"), sequence_length=8, format="text",

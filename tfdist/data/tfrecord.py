@@ -15,6 +15,8 @@ logger = logging.getLogger("tfdist.data")
 
 FORMATS = ("tokens", "text", "raw")
 DEFAULT_FEATURES = {"tokens": "tokens", "text": "text", "raw": None}
+RECORDS_PER_BLOCK = 256
+"""Packed records are parsed this many at a time (one call, not one per record)."""
 
 
 class TFRecordReading:
@@ -55,7 +57,8 @@ class TFRecordSource(TFRecordReading, SequenceSource):
     * `"raw"`: each record is itself UTF-8 text.
 
     Text is tokenised per byte as `[BOS] bytes [EOS]` and packed into windows
-    (`pack=True`, default for text).
+    (`pack=True`, default for text). Packed records are read and parsed in
+    blocks of `RECORDS_PER_BLOCK` (after sharding, which stays per record).
 
     Args:
         files: glob, comma-separated globs, or list of paths.
@@ -106,6 +109,7 @@ class TFRecordSource(TFRecordReading, SequenceSource):
         self.compression_type = compression_type or ""
         self.skipped = skipped_records_log(skip_corrupt_records, self.compression_type)
         self.pack = (format != "tokens") if pack is None else bool(pack)
+        self.decodes_blocks = self.pack  # read in blocks of records (see `read`)
         self._check_files()
         if format == "tokens":
             if vocabulary is not None:
@@ -139,6 +143,17 @@ class TFRecordSource(TFRecordReading, SequenceSource):
         if self.skipped is None:  # when skipping, reading notes a file cut short
             check_tfrecord_tails(self.files, self.compression_type)
 
+    def read(self, plan, *, shuffle_files=False, seed=None, file_order=None):
+        """The shard's records; packed, in blocks of `RECORDS_PER_BLOCK` (see `decode`).
+
+        Example:
+
+        >>> blocks = source.read(plan_sharding(source.num_files, 1, 0, files=source.files))
+        """
+        records = super().read(plan, shuffle_files=shuffle_files, seed=seed,
+                               file_order=file_order)
+        return records.batch(RECORDS_PER_BLOCK) if self.pack else records
+
     def _ids(self, record):
         if self.format == "raw":
             text = record
@@ -152,13 +167,34 @@ class TFRecordSource(TFRecordReading, SequenceSource):
             return tf.cast(parsed[self.feature].values, tf.int32)
         return tf.concat([[BOS_ID], self.vocabulary.encode(text), [EOS_ID]], axis=0)
 
-    def decode(self, record):
-        ids = self._ids(record)
+    def _block_ids(self, records):
+        """The token ids of a 1-D block of records, as a ragged `[records, None]` int32."""
         if self.format == "tokens":
+            parsed = tf.io.parse_example(records, {self.feature: tf.io.VarLenFeature(tf.int64)})
+            return tf.cast(tf.RaggedTensor.from_sparse(parsed[self.feature]), tf.int32)
+        if self.format == "text":
+            texts = tf.io.parse_example(
+                records, {self.feature: tf.io.FixedLenFeature([], tf.string)})[self.feature]
+        else:
+            texts = records
+        ends = tf.ones([tf.shape(texts)[0], 1], tf.int32)
+        return tf.concat([ends * BOS_ID, self.vocabulary.encode_batch(texts), ends * EOS_ID],
+                         axis=1)
+
+    def decode(self, record):
+        """One record's token ids; packed, a block's as a ragged `[records, None]` int32.
+
+        Example:
+
+        >>> source.decode(next(iter(source.read(plan))))
+        """
+        ids = self._block_ids(record) if self.pack else self._ids(record)
+        if self.format == "tokens":
+            values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
             tf.debugging.assert_less(
-                ids, self.vocab_size,
+                values, self.vocab_size,
                 message=f"A token id in {self.feature!r} is >= vocab_size={self.vocab_size}")
-            tf.debugging.assert_non_negative(ids, message="Negative token id in TFRecord")
+            tf.debugging.assert_non_negative(values, message="Negative token id in TFRecord")
         return ids
 
     def _scan_vocab_size(self):
