@@ -1,8 +1,9 @@
 """`tfdist bench resume`: how long a resumed run waits for its first batch.
 
 For each kind of source the recipes read (embedded shapes, an image folder,
-ImageNet-style TFRecords, embedded tokens, text files, token TFRecords),
-written to a temporary folder, the recipes' training pipeline
+ImageNet-style TFRecords, embedded tokens, text files, token TFRecords of one
+example each, text TFRecords packed into windows), written to a temporary
+folder, the recipes' training pipeline
 (`make_dataset_fn(..., seed=S)`) is built three ways, in alternating rounds:
 
 * `start`: at batch 0, as a fresh run builds it;
@@ -32,7 +33,8 @@ import time
 
 from tfdist.bench.report import print_report
 
-SOURCE_KINDS = ("shapes", "image_folder", "imagenet_tfrecord", "embedded", "text", "tfrecord")
+SOURCE_KINDS = ("shapes", "image_folder", "imagenet_tfrecord", "embedded", "text", "tfrecord",
+                "tfrecord_text")
 """The sources measured, in the table's order."""
 
 QUICK = dict(position=40, replay_batches=5, rounds=1, examples=96, batch=8)
@@ -45,7 +47,7 @@ def _write_sources(kinds, folder, examples, sequence_length):
     import tensorflow as tf
 
     from tfdist.data.images import generate_shapes, write_image_tfrecords
-    from tfdist.data.tfrecord import write_token_tfrecords
+    from tfdist.data.tfrecord import write_text_tfrecords, write_token_tfrecords
 
     images, labels = generate_shapes(examples, 32, seed=3)
     made = {}
@@ -83,6 +85,14 @@ def _write_sources(kinds, folder, examples, sequence_length):
             write_token_tfrecords(rows, prefix, num_files=4)
             made[kind] = (f"tfrecord:{prefix}-*", dict(sequence_length=sequence_length,
                                                        vocab_size=512))
+        elif kind == "tfrecord_text":
+            rng = np.random.default_rng(7)
+            words = ["alpha", "beta", "gamma", "delta", "sigma", "omega", "tau", "rho"]
+            texts = [" ".join(rng.choice(words, size=12)) for _ in range(examples)]
+            prefix = os.path.join(folder, "texts", "train")
+            write_text_tfrecords(texts, prefix, num_files=4)
+            made[kind] = (f"tfrecord:{prefix}-*", dict(sequence_length=sequence_length,
+                                                       format="text"))
         else:
             raise ValueError(f"unknown source kind {kind!r}; choose from "
                              f"{', '.join(SOURCE_KINDS)}")
