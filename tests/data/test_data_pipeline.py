@@ -13,6 +13,7 @@ from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecord
                          plan_sharding, write_token_tfrecords)
 from tfdist.data.images import ShapesSource
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
+from tfdist.data.translation_task import TranslationTaskSource
 from tfdist.distribute.strategy_factory import create_strategy
 
 VOCAB = 1000
@@ -404,6 +405,30 @@ def test_token_records_are_skipped_before_decoding_them(tmp_path):
     later = [ids_of(inputs) for inputs, _ in fn.positioned(70)(None).take(3)]
     assert 0 < source.decoded.numpy() <= 100
     whole = [ids_of(inputs) for inputs, _ in fn(None).take(73)][70:]
+    assert later == whole
+
+
+class CountedPairs(TranslationTaskSource):
+    """The translation recipe's pairs, counting the records decoded."""
+
+    def __init__(self, count):
+        super().__init__(num_examples=count)
+        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def decode(self, record):
+        self.decoded.assign_add(1)
+        return record
+
+
+def test_sentence_pairs_are_skipped_without_running_a_function_on_them():
+    """300 padded pairs, started 240 in: the skipped pairs are only drawn."""
+    source = CountedPairs(300)
+    fn = make_dataset_fn(source, 4, seed=2, shuffle_buffer=64)
+    later = [tf.nest.map_structure(lambda x: x.numpy().tolist(), batch)
+             for batch in fn.positioned(60)(None).take(2)]
+    assert 0 < source.decoded.numpy() <= 40
+    whole = [tf.nest.map_structure(lambda x: x.numpy().tolist(), batch)
+             for batch in fn(None).take(62)][60:]
     assert later == whole
 
 
