@@ -7,7 +7,6 @@ and unpacked token records unparsed) gives the batches the uninterrupted run got
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from helpers.interrupt import Interrupted, InterruptAfterSteps
 from tfdist.callbacks.backup import BackupAndResume
