@@ -8,8 +8,9 @@
     model = build_resnet("resnet_tiny", train.num_classes, train.image_size)
 """
 
-from tfdist.data.images.augment import (CROPS, augment_image, compute_dtype, eval_view,
-                                        normalize, pad_and_random_crop, random_resized_crop)
+from tfdist.data.images.augment import (BATCH_CROPS, CROPS, augment_batch, augment_image,
+                                        compute_dtype, eval_view, normalize, pad_and_random_crop,
+                                        random_resized_crop)
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from tfdist.data.images.folder import IMAGE_EXTENSIONS, ImageFolderSource
 from tfdist.data.images.imagenet_tfrecord import ImageNetTFRecordSource, write_image_tfrecords
@@ -17,8 +18,8 @@ from tfdist.data.images.shapes import SHAPE_CLASSES, ShapesSource, generate_shap
 from tfdist.data.images.tfds_images import TFDSImageSource
 
 __all__ = [
-    "CROPS", "IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "ImageFolderSource",
+    "BATCH_CROPS", "CROPS", "IMAGENET_MEAN", "IMAGENET_STD", "IMAGE_EXTENSIONS", "ImageFolderSource",
     "ImageNetTFRecordSource", "ImageSource", "SHAPE_CLASSES", "ShapesSource", "TFDSImageSource",
-    "augment_image", "compute_dtype", "eval_view", "generate_shapes", "normalize",
+    "augment_batch", "augment_image", "compute_dtype", "eval_view", "generate_shapes", "normalize",
     "pad_and_random_crop", "random_resized_crop", "write_image_tfrecords",
 ]
