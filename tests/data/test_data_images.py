@@ -21,7 +21,8 @@ from helpers.replicas import replica_batches
 from tfdist.data import (FILE, IMAGE_SCHEMES, RECORD, DatasetNotPreparedError, ImageFolderSource,
                          ImageNetTFRecordSource, ShapesSource, TFDSImageSource,
                          distribute_dataset, make_dataset_fn, make_source, write_image_tfrecords)
-from tfdist.data.images import ImageSource, augment_image, eval_view, generate_shapes
+from tfdist.data.images import (ImageSource, augment_batch, augment_image, eval_view,
+                                generate_shapes)
 from tfdist.data.images.shapes import SHAPE_CLASSES
 from tfdist.distribute.strategy_factory import create_strategy
 
@@ -242,6 +243,61 @@ def test_augment_image_is_deterministic_per_seed_and_a_shifted_or_flipped_copy()
         assert any(np.array_equal(output, c) for c in candidates)       # maybe flipped
     resized = augment_image(image, tf.constant([4, 5]), crop="resized")
     assert resized.shape == image.shape and resized.dtype == image.dtype
+
+
+def windows(image, padding, size):
+    """Every crop of `image` padded with `padding` zeros, unflipped then flipped."""
+    padded = np.pad(image, [(padding, padding), (padding, padding), (0, 0)])
+    span = 2 * padding + 1
+    crops = [padded[dy:dy + size, dx:dx + size] for dy in range(span) for dx in range(span)]
+    return crops + [c[:, ::-1] for c in crops]
+
+
+def test_augment_batch_crops_and_flips_each_image_by_its_own_seed():
+    """Each image is one of the 2 x 7 x 7 windows of itself padded by 3, chosen
+    by its seed alone: the same in any batch, in any order; over 400 seeds
+    every window position and both flips occur."""
+    images = tf.constant(generate_shapes(400, 16, seed=4)[0], tf.float32)
+    seeds = tf.stack([tf.fill([400], 9), tf.range(400)], axis=1)
+    out = augment_batch(images, seeds, padding=3).numpy()
+    assert out.shape == images.shape
+    chosen = []
+    for image, result in zip(images.numpy(), out, strict=True):
+        matches = [index for index, crop in enumerate(windows(image, 3, 16))
+                   if np.array_equal(crop, result)]
+        assert matches, "not a window of the padded image"
+        chosen.append(matches[0])
+    flips = sum(index >= 49 for index in chosen)
+    assert 140 <= flips <= 260
+    assert len({index % 49 for index in chosen}) == 49
+    order = np.random.default_rng(0).permutation(400)[:37]
+    again = augment_batch(tf.gather(images, order), tf.gather(seeds, order), padding=3)
+    np.testing.assert_array_equal(again, out[order])
+    moved = augment_batch(images[:37], seeds[:37] + [0, 1], padding=3).numpy()
+    assert sum(not np.array_equal(a, b) for a, b in zip(moved, out[:37], strict=True)) > 20
+    flipped_only = augment_batch(images[:50], seeds[:50], crop="none").numpy()
+    for image, result in zip(images.numpy()[:50], flipped_only, strict=True):
+        assert np.array_equal(result, image) or np.array_equal(result, image[:, ::-1])
+    with pytest.raises(ValueError, match="not 'resized'; augment each image with augment_image"):
+        augment_batch(images, seeds, crop="resized")
+
+
+def test_a_seeded_pipeline_augments_pad_crops_a_batch_at_a_time_and_resized_crops_per_image():
+    """Both give windows of the right size, the same at a resume; the batch path
+    is only for the crops augment_batch does."""
+    pad = ShapesSource(64, 16, seed=1, cache_decoded=False)
+    assert callable(pad.augment_batch_with_seeds)
+    resized = ShapesSource(64, 16, seed=1, train_crop="resized", cache_decoded=False)
+    assert resized.augment_batch_with_seeds is None
+    for source in (pad, resized):
+        fn = make_dataset_fn(source, 8, seed=5)
+        whole = [images.numpy() for images, _ in fn(None).take(12)]
+        later = [images.numpy() for images, _ in fn.positioned(9)(None).take(3)]
+        for a, b in zip(whole[9:], later, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # (whole is the resized source's now) most pad-source images were cropped or flipped:
+    images = np.concatenate([b.numpy() for b, _ in make_dataset_fn(pad, 8, seed=5)(None).take(8)])
+    assert sum(i == -1 for i in shape_ids(images, pad)) > 32
 
 
 def test_augmentation_runs_in_training_only():

@@ -261,7 +261,12 @@ class DatasetFn:
         if self.can_position:
             examples_per_step = batch_size * (input_context.num_replicas_in_sync
                                               // input_context.num_input_pipelines)
-            dataset = self._passes(plan, self.start_batch * examples_per_step)
+            dataset, finish_batch = self._passes(plan, self.start_batch * examples_per_step)
+            dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
+                                    num_parallel_calls=tf.data.AUTOTUNE)
+            if finish_batch is not None:
+                dataset = dataset.map(finish_batch, num_parallel_calls=tf.data.AUTOTUNE)
+            return dataset.prefetch(tf.data.AUTOTUNE).with_options(self._options())
         else:  # (`positioned` refuses such a pipeline: it starts at batch 0)
             records = source.read(plan, shuffle_files=self.training, seed=self.seed)
             if self.parameter_server_workers:
@@ -308,13 +313,28 @@ class DatasetFn:
         `skip % size` elements of it, before augmentation, and before
         decoding for a source of one example per record (`to_example`), or
         before the last step for a source that has one (`finish_example`):
-        nothing runs a function per element before the skip.
+        nothing runs a function per element before the skip. A source that
+        augments a batch at once (`augment_batch_with_seeds`, with
+        `finish_batch`) is finished and augmented after batching, each
+        example with its own seed of (p, index).
+
+        Returns:
+            `(stream, finish_batch)`: the stream of examples, and None or the
+            function to map over its batches.
         """
         source = self.source
         seed = tf.constant(self.seed, tf.int64)
         caches = bool(self.cache) or source.caches_examples
         per_record = callable(source.to_example) and not caches
-        finish = None if caches or per_record else source.finish_example
+        finish = None if self.cache or per_record else source.finish_example
+        augment = source.augment_with_seed if source.augment is not None else None
+        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
+        # Finished and augmented a batch at a time when the source can (images
+        # padded and cropped): vectorised, no function runs per example.
+        by_batch = (augment is not None and not self.cache
+                    and callable(getattr(source, "augment_batch_with_seeds", None))
+                    and callable(getattr(source, "finish_batch", None))
+                    and (per_record or finish is not None))
 
         def elements(records):
             if per_record:
@@ -340,8 +360,6 @@ class DatasetFn:
         if size > 0:
             start_pass, offset = divmod(skip, size)
         buffer = self.shuffle_buffer
-        augment = source.augment_with_seed if source.augment is not None else None
-        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
 
         def one_pass(pass_index):
             # The order of pass p is a function of the pipeline's seed and p
@@ -361,8 +379,27 @@ class DatasetFn:
                                         order.enumerate(start=skipped)))
 
         stream = tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
+
+        def seeds_of(pass_index, index):
+            return tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
+                             augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
+
+        if by_batch:
+            if per_record:
+                stream = stream.map(
+                    lambda pass_index, indexed: (pass_index, (indexed[0],
+                                                              source.decode(indexed[1]))),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+            augment_batch = source.augment_batch_with_seeds
+
+            def finished_batch(pass_indices, indexed):
+                indices, decoded = indexed
+                return augment_batch(source.finish_batch(decoded),
+                                     seeds_of(pass_indices, indices))
+
+            return stream, finished_batch
         if not (per_record or finish or augment):
-            return stream
+            return stream, None
 
         def finished(element):
             if per_record:
@@ -370,15 +407,13 @@ class DatasetFn:
             return element if finish is None else finish(element)
 
         if augment is None:
-            return stream.map(_whole_element(finished), num_parallel_calls=tf.data.AUTOTUNE)
+            return stream.map(_whole_element(finished), num_parallel_calls=tf.data.AUTOTUNE), None
 
         def augmented(pass_index, indexed):
             index, element = indexed
-            element_seed = tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
-                                     augment_seed * _PASS_SEED_STRIDE + index])
-            return augment(finished(element), element_seed)
+            return augment(finished(element), seeds_of(pass_index, index))
 
-        return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+        return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE), None
 
     def _cache_path(self, plan):
         if self.cache is True:

@@ -51,6 +51,12 @@ class Source:
             shuffles and skips unfinished elements and finishes only those it
             keeps (a map costs a function call per element, ~10 us on a CPU
             core; skipping through one costs seconds per 100,000 elements).
+        finish_batch, augment_batch_with_seeds: None, or methods
+            `finish_batch(batch) -> batch` (what `finish_example` does, for a
+            whole batch) and `augment_batch_with_seeds(batch, seeds) -> batch`
+            (the training augmentation of a batch, `seeds` `[batch, 2]`, one
+            per example): a positioned pipeline then finishes and augments
+            after batching, vectorised (images: `ImageSource`).
 
     Example (an in-memory source of squares):
 
@@ -67,6 +73,8 @@ class Source:
     skipped = None
     to_example = None
     finish_example = None
+    finish_batch = None
+    augment_batch_with_seeds = None
 
     @property
     def orders_files(self):

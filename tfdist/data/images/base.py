@@ -206,9 +206,46 @@ class ImageSource(Source):
     def to_examples(self, dataset):
         """Caches the decoded images (if `cache_decoded`), then normalises them and casts
         to the compute dtype of the Keras policy in force now (pipeline-build time)."""
-        if self.cache_decoded:
-            dataset = dataset.cache()
-        return dataset.map(self._normalizer(), num_parallel_calls=tf.data.AUTOTUNE)
+        return self.to_unfinished_examples(dataset).map(
+            self._normalizer(), num_parallel_calls=tf.data.AUTOTUNE)
+
+    def to_unfinished_examples(self, dataset):
+        """The decoded uint8 images, cached if `cache_decoded` (`to_examples` before
+        it normalises them)."""
+        return dataset.cache() if self.cache_decoded else dataset
+
+    def finish_example(self, decoded):
+        """One decoded uint8 `(image, label)` normalised and cast to the compute dtype.
+
+        Example:
+
+        >>> image, label = source.finish_example(source.decode(record))
+        """
+        return self._normalizer()(*decoded)
+
+    def finish_batch(self, decoded):
+        """A batch of decoded uint8 `(images, labels)` normalised and cast: what
+        `finish_example` gives for each example (the transform is per pixel).
+
+        Example:
+
+        >>> images, labels = source.finish_batch(next(iter(decoded.batch(8))))
+        """
+        return self._normalizer()(*decoded)
+
+    @property
+    def augment_batch_with_seeds(self):
+        """The training augmentation of a batch, vectorised (`augment_batch`), one
+        seed per example, for the crops it does ("pad", "none"); None for "resized"
+        (augmented image by image, `augment_with_seed`)."""
+        if self.train_crop not in transforms.BATCH_CROPS:
+            return None
+        return self._augment_batch
+
+    def _augment_batch(self, batch, seeds):
+        images, labels = batch
+        return transforms.augment_batch(images, seeds, crop=self.train_crop,
+                                        padding=self.padding, flip=self.flip), labels
 
     def to_example(self, decoded):
         """One decoded `(image, label)` normalised and cast, as `to_examples` does without
