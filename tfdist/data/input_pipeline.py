@@ -323,18 +323,62 @@ class DatasetFn:
             function to map over its batches.
         """
         source = self.source
-        seed = tf.constant(self.seed, tf.int64)
         caches = bool(self.cache) or source.caches_examples
         per_record = callable(source.to_example) and not caches
         finish = None if self.cache or per_record else source.finish_example
         augment = source.augment_with_seed if source.augment is not None else None
-        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
         # Finished and augmented a batch at a time when the source can (images
         # padded and cropped): vectorised, no function runs per example.
         by_batch = (augment is not None and not self.cache
                     and callable(getattr(source, "augment_batch_with_seeds", None))
                     and callable(getattr(source, "finish_batch", None))
                     and (per_record or finish is not None))
+        stream = self._unfinished_passes(plan, skip, caches, per_record, finish,
+                                         keyed=augment is not None)
+        seed = tf.constant(self.seed, tf.int64)
+        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
+
+        def seeds_of(pass_index, index):
+            return tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
+                             augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
+
+        if by_batch:
+            if per_record:
+                stream = stream.map(
+                    lambda pass_index, indexed: (pass_index, (indexed[0],
+                                                              source.decode(indexed[1]))),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+            augment_batch = source.augment_batch_with_seeds
+
+            def finished_batch(pass_indices, indexed):
+                indices, decoded = indexed
+                return augment_batch(source.finish_batch(decoded),
+                                     seeds_of(pass_indices, indices))
+
+            return stream, finished_batch
+        if not (per_record or finish or augment):
+            return stream, None
+
+        def finished(element):
+            if per_record:
+                return source.to_example(source.decode(element))
+            return element if finish is None else finish(element)
+
+        if augment is None:
+            return stream.map(_whole_element(finished), num_parallel_calls=tf.data.AUTOTUNE), None
+
+        def augmented(pass_index, indexed):
+            index, element = indexed
+            return augment(finished(element), seeds_of(pass_index, index))
+
+        return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE), None
+
+    def _unfinished_passes(self, plan, skip, caches, per_record, finish, *, keyed):
+        """Pass after pass of shuffled elements, `skip` in: raw records (`per_record`),
+        unfinished examples (`finish`) or examples; `keyed`: each as
+        `(pass, (index in the pass, element))`."""
+        source = self.source
+        seed = tf.constant(self.seed, tf.int64)
 
         def elements(records):
             if per_record:
@@ -372,48 +416,13 @@ class DatasetFn:
             # shuffle's draw touches a skipped element: no function runs on it.
             skipped = tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
             order = order.skip(skipped)
-            if augment is None:
+            if not keyed:
                 return order
             # (p, (index in the pass, element)), zipped rather than mapped.
             return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(pass_index).repeat(),
                                         order.enumerate(start=skipped)))
 
-        stream = tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
-
-        def seeds_of(pass_index, index):
-            return tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
-                             augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
-
-        if by_batch:
-            if per_record:
-                stream = stream.map(
-                    lambda pass_index, indexed: (pass_index, (indexed[0],
-                                                              source.decode(indexed[1]))),
-                    num_parallel_calls=tf.data.AUTOTUNE)
-            augment_batch = source.augment_batch_with_seeds
-
-            def finished_batch(pass_indices, indexed):
-                indices, decoded = indexed
-                return augment_batch(source.finish_batch(decoded),
-                                     seeds_of(pass_indices, indices))
-
-            return stream, finished_batch
-        if not (per_record or finish or augment):
-            return stream, None
-
-        def finished(element):
-            if per_record:
-                return source.to_example(source.decode(element))
-            return element if finish is None else finish(element)
-
-        if augment is None:
-            return stream.map(_whole_element(finished), num_parallel_calls=tf.data.AUTOTUNE), None
-
-        def augmented(pass_index, indexed):
-            index, element = indexed
-            return augment(finished(element), seeds_of(pass_index, index))
-
-        return stream.map(augmented, num_parallel_calls=tf.data.AUTOTUNE), None
+        return tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
 
     def _cache_path(self, plan):
         if self.cache is True:
