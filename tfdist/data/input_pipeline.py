@@ -89,13 +89,14 @@ def _pass_size(examples, skip):
     if size >= 0 or not tf.executing_eagerly():
         return size if size >= 0 else -1
     specs = tf.nest.flatten(examples.element_spec)
-    chunked = all(isinstance(spec, tf.TensorSpec) and spec.shape.is_fully_defined()
-                  and spec.dtype != tf.string for spec in specs)
-    if not chunked and any(True for _ in examples.skip(skip - 1).take(1)):
+    batchable = all(spec.shape.is_fully_defined() for spec in specs)
+    numbers = batchable and all(isinstance(spec, tf.TensorSpec) and spec.dtype != tf.string
+                                for spec in specs)
+    if not numbers and any(True for _ in examples.skip(skip - 1).take(1)):
         return -1
     examples = examples.take(skip)
     zero = tf.constant(0, tf.int64)
-    if chunked or all(spec.shape.is_fully_defined() for spec in specs):
+    if batchable:
         counted = examples.batch(_COUNT_CHUNK).reduce(zero, lambda count, chunk: count + tf.cast(
             tf.shape(tf.nest.flatten(chunk)[0])[0], tf.int64))
     else:
@@ -262,12 +263,8 @@ class DatasetFn:
             examples_per_step = batch_size * (input_context.num_replicas_in_sync
                                               // input_context.num_input_pipelines)
             dataset, finish_batch = self._passes(plan, self.start_batch * examples_per_step)
-            dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
-                                    num_parallel_calls=tf.data.AUTOTUNE)
-            if finish_batch is not None:
-                dataset = dataset.map(finish_batch, num_parallel_calls=tf.data.AUTOTUNE)
-            return dataset.prefetch(tf.data.AUTOTUNE).with_options(self._options())
         else:  # (`positioned` refuses such a pipeline: it starts at batch 0)
+            finish_batch = None
             records = source.read(plan, shuffle_files=self.training, seed=self.seed)
             if self.parameter_server_workers:
                 # Called on each worker through ClusterCoordinator.create_per_worker_dataset,
@@ -286,6 +283,8 @@ class DatasetFn:
                 dataset = dataset.repeat()
         dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
                                 num_parallel_calls=tf.data.AUTOTUNE)
+        if finish_batch is not None:
+            dataset = dataset.map(finish_batch, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
         return dataset.with_options(self._options())
 

@@ -223,15 +223,9 @@ class ImageSource(Source):
         """
         return self._normalizer()(*decoded)
 
-    def finish_batch(self, decoded):
-        """A batch of decoded uint8 `(images, labels)` normalised and cast: what
-        `finish_example` gives for each example (the transform is per pixel).
-
-        Example:
-
-        >>> images, labels = source.finish_batch(next(iter(decoded.batch(8))))
-        """
-        return self._normalizer()(*decoded)
+    finish_batch = finish_example
+    """A batch of decoded uint8 `(images, labels)` normalised and cast: the
+    transform is per pixel, so `finish_example` does it for a batch as well."""
 
     @property
     def augment_batch_with_seeds(self):
@@ -247,15 +241,9 @@ class ImageSource(Source):
         return transforms.augment_batch(images, seeds, crop=self.train_crop,
                                         padding=self.padding, flip=self.flip), labels
 
-    def to_example(self, decoded):
-        """One decoded `(image, label)` normalised and cast, as `to_examples` does without
-        its cache (a positioned pipeline skips records before decoding them).
-
-        Example:
-
-        >>> image, label = source.to_example(source.decode(record))
-        """
-        return self._normalizer()(*decoded)
+    to_example = finish_example
+    """One decoded `(image, label)` normalised and cast, as `to_examples` does without
+    its cache (a positioned pipeline skips records before decoding them)."""
 
     def _normalizer(self):
         dtype = transforms.compute_dtype()
