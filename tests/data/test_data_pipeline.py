@@ -355,28 +355,25 @@ def test_a_source_of_one_example_per_record_skips_records_before_decoding_them()
         np.testing.assert_array_equal(labels, their_labels)
 
 
-class CountedText(TextSource):
-    """Packed text whose windows count how many are split into (inputs, targets)."""
+def counting_calls(base, method):
+    """`base` subclassed so that each call of its `method` adds 1 to `calls` (a variable)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.finished = tf.Variable(0, dtype=tf.int64, trainable=False)
+    class Counted(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    def finish_example(self, window):
-        self.finished.assign_add(1)
-        return super().finish_example(window)
+    def counted(self, *args):
+        self.calls.assign_add(1)
+        return getattr(base, method)(self, *args)
+
+    setattr(Counted, method, counted)
+    return Counted
 
 
-class CountedTokenRecords(TFRecordSource):
-    """Token records, one example each, counting the records decoded."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-    def decode(self, record):
-        self.decoded.assign_add(1)
-        return super().decode(record)
+CountedText = counting_calls(TextSource, "finish_example")
+CountedTokenRecords = counting_calls(TFRecordSource, "decode")
+CountedPairs = counting_calls(TranslationTaskSource, "decode")
 
 
 def test_packed_text_is_skipped_as_windows_never_split_into_examples(tmp_path):
@@ -388,10 +385,10 @@ def test_packed_text_is_skipped_as_windows_never_split_into_examples(tmp_path):
     source = CountedText(str(tmp_path / "*.txt"), sequence_length=8)
     fn = make_dataset_fn(source, 8, seed=4, shuffle_buffer=100)
     later = [inputs.numpy().tolist() for inputs, _ in fn.positioned(300)(None).take(2)]
-    finished = int(source.finished.numpy())
+    finished = int(source.calls.numpy())
     assert 0 < finished <= 400
     whole = [inputs.numpy().tolist() for inputs, _ in fn(None).take(302)][300:]
-    assert source.finished.numpy() - finished >= 302 * 8  # the whole pipeline splits each
+    assert source.calls.numpy() - finished >= 302 * 8  # the whole pipeline splits each
     assert later == whole
 
 
@@ -403,30 +400,18 @@ def test_token_records_are_skipped_before_decoding_them(tmp_path):
                                  vocab_size=VOCAB)
     fn = make_dataset_fn(source, 8, seed=6, shuffle_buffer=64)
     later = [ids_of(inputs) for inputs, _ in fn.positioned(70)(None).take(3)]
-    assert 0 < source.decoded.numpy() <= 100
+    assert 0 < source.calls.numpy() <= 100
     whole = [ids_of(inputs) for inputs, _ in fn(None).take(73)][70:]
     assert later == whole
 
 
-class CountedPairs(TranslationTaskSource):
-    """The translation recipe's pairs, counting the records decoded."""
-
-    def __init__(self, count):
-        super().__init__(num_examples=count)
-        self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-    def decode(self, record):
-        self.decoded.assign_add(1)
-        return record
-
-
 def test_sentence_pairs_are_skipped_without_running_a_function_on_them():
     """300 padded pairs, started 240 in: the skipped pairs are only drawn."""
-    source = CountedPairs(300)
+    source = CountedPairs(num_examples=300)
     fn = make_dataset_fn(source, 4, seed=2, shuffle_buffer=64)
     later = [tf.nest.map_structure(lambda x: x.numpy().tolist(), batch)
              for batch in fn.positioned(60)(None).take(2)]
-    assert 0 < source.decoded.numpy() <= 40
+    assert 0 < source.calls.numpy() <= 40
     whole = [tf.nest.map_structure(lambda x: x.numpy().tolist(), batch)
              for batch in fn(None).take(62)][60:]
     assert later == whole
