@@ -22,7 +22,7 @@ from tfdist.data import (FILE, IMAGE_SCHEMES, RECORD, DatasetNotPreparedError, I
                          ImageNetTFRecordSource, ShapesSource, TFDSImageSource,
                          distribute_dataset, make_dataset_fn, make_source, write_image_tfrecords)
 from tfdist.data.images import (ImageSource, augment_batch, augment_image, eval_view,
-                                generate_shapes)
+                                generate_shapes, normalize)
 from tfdist.data.images.shapes import SHAPE_CLASSES
 from tfdist.distribute.strategy_factory import create_strategy
 
@@ -228,6 +228,23 @@ def test_images_are_cast_to_the_policy_compute_dtype_at_build_time(policy, name,
     evaluation = make_dataset_fn(source, 8, training=False)(None)
     policy("float32")
     assert next(iter(evaluation))[0].dtype == dtype                    # fixed when built
+
+
+@pytest.mark.parametrize("mean, std", [(0.5, 0.5), ([0.25] * 3, [0.3] * 3),
+                                       ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))],
+                         ids=["one_number", "equal_channels", "per_channel"])
+def test_normalize_is_the_float32_arithmetic_of_each_channel_to_the_bit(mean, std):
+    """`(x / 255 - mean) / std` in float32, rounded once to the dtype, whether
+    the channels share their mean and std (computed with scalars) or not."""
+    pixels = np.arange(256 * 3, dtype=np.int64).reshape(16, 16, 3) % 256
+    pixels = pixels.astype(np.uint8)
+    expected = ((pixels.astype(np.float32) / np.float32(255))
+                - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    for dtype in ("float32", "bfloat16"):
+        got = normalize(tf.constant(pixels), mean, std, dtype)
+        np.testing.assert_array_equal(
+            got.numpy().astype(np.float32),
+            tf.cast(tf.constant(expected), dtype).numpy().astype(np.float32))
 
 
 def test_augment_image_is_deterministic_per_seed_and_a_shifted_or_flipped_copy():
