@@ -330,15 +330,24 @@ def test_a_positioned_pipeline_over_many_files_reads_them_in_a_new_order_every_p
 
 
 class CountedImages(ShapesSource):
-    """Embedded shapes decoded one record at a time, counting the decodes (no cache)."""
+    """Embedded shapes decoded one record at a time, counting the decodes (no
+    cache), read as a source of records that are not in memory (as files are)."""
 
-    def __init__(self, count):
-        super().__init__(count, 8, seed=5, cache_decoded=False)
+    records_in_memory = False
+
+    def __init__(self, count, **options):
+        super().__init__(count, 8, seed=5, cache_decoded=False, **options)
         self.decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def decode(self, record):
         self.decoded.assign_add(1)
         return super().decode(record)
+
+
+class CountedImagesInMemory(CountedImages):
+    """The same, as the embedded shapes are: records in memory."""
+
+    records_in_memory = True
 
 
 def test_a_source_of_one_example_per_record_skips_records_before_decoding_them():
@@ -353,6 +362,55 @@ def test_a_source_of_one_example_per_record_skips_records_before_decoding_them()
     for (images, labels), (their_images, their_labels) in zip(later, whole, strict=True):
         np.testing.assert_array_equal(images, their_images)
         np.testing.assert_array_equal(labels, their_labels)
+
+
+@pytest.mark.parametrize("options", [{}, {"train_crop": "none", "flip": False}],
+                         ids=["augmented", "not_augmented"])
+@pytest.mark.parametrize("pipelines", [1, 2])
+@pytest.mark.parametrize("buffer", [1000, 37], ids=["whole_pass_buffer", "small_buffer"])
+def test_images_in_memory_are_gathered_a_batch_at_a_time_as_they_would_be_streamed(
+        options, pipelines, buffer):
+    """A pass of 150 images (75 per pipeline), batches of 8 that straddle the
+    passes: decoded once when the pipeline is built (not per example, not per
+    pass), and batch for batch the very images, labels and augmentation the
+    same source streamed record by record gives, from the start and from a
+    position."""
+    in_memory, streamed = (kind(150, **options) for kind in (CountedImagesInMemory, CountedImages))
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
+        for start in (0, 23):
+            before = int(in_memory.decoded.numpy())
+            gathered = list(make_dataset_fn(in_memory, 8 * pipelines, seed=6, shuffle_buffer=buffer)
+                            .positioned(start)(context).take(30))
+            assert int(in_memory.decoded.numpy()) - before == 150 // pipelines
+            record_by_record = list(make_dataset_fn(streamed, 8 * pipelines, seed=6,
+                                                    shuffle_buffer=buffer)
+                                    .positioned(start)(context).take(30))
+            for (images, labels), (their_images, their_labels) in zip(
+                    gathered, record_by_record, strict=True):
+                assert images.dtype == their_images.dtype and images.shape == (8, 8, 8, 3)
+                np.testing.assert_array_equal(images, their_images)
+                np.testing.assert_array_equal(labels, their_labels)
+
+
+def test_only_records_in_memory_decoded_eagerly_are_given_as_arrays():
+    """`examples_in_memory`: the shard's decoded examples, row i the i-th of
+    `read(plan).map(decode)`; None for records not in memory, for a file
+    plan, for an empty shard and inside a `tf.function` (a dataset function
+    traced there, as a parameter-server worker's is, streams its records)."""
+    source = ShapesSource(10, 8, seed=1)
+    plan = plan_sharding(0, 3, 1)
+    images, labels = source.examples_in_memory(plan)
+    decoded = list(source.read(plan).map(lambda image, label: source.decode((image, label))))
+    assert images.shape == (3, 8, 8, 3) and labels.dtype == tf.int32
+    for image, label, (their_image, their_label) in zip(images, labels, decoded, strict=True):
+        np.testing.assert_array_equal(image, their_image)
+        assert int(label) == int(their_label)
+    assert CountedImages(10).examples_in_memory(plan) is None
+    assert ShapesSource(2, 8).examples_in_memory(plan_sharding(0, 3, 2)) is None
+    assert tf.function(lambda: tf.constant(source.examples_in_memory(plan) is None))()
 
 
 def counting_calls(base, method):

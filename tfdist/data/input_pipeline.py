@@ -12,6 +12,11 @@ that call. Per pipeline:
 
 Elements are per-replica batches: the strategy hands each replica its own.
 
+A seeded training pipeline over images held in memory (the embedded
+shapes) gives the same batches without a tf.data step per example: its
+shard is decoded once, each pass's shuffle is drawn over indices, and each
+batch is gathered, normalised and augmented at once (`_gathered_batches`).
+
 Uneven shards: the number of examples per worker can differ (uneven files,
 record counts not divisible by the number of workers). Train on a repeated
 dataset (`repeat=True`, the default when training) with a fixed
@@ -262,7 +267,13 @@ class DatasetFn:
         if self.can_position:
             examples_per_step = batch_size * (input_context.num_replicas_in_sync
                                               // input_context.num_input_pipelines)
-            dataset, finish_batch = self._passes(plan, self.start_batch * examples_per_step)
+            skip = self.start_batch * examples_per_step
+            dataset = self._gathered_batches(plan, skip, batch_size)
+            finish_batch = None
+            if dataset is None:
+                dataset, finish_batch = self._passes(plan, skip)
+                dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
+                                        num_parallel_calls=tf.data.AUTOTUNE)
         else:  # (`positioned` refuses such a pipeline: it starts at batch 0)
             finish_batch = None
             records = source.read(plan, shuffle_files=self.training, seed=self.seed)
@@ -281,8 +292,8 @@ class DatasetFn:
                                           num_parallel_calls=tf.data.AUTOTUNE)
             if self.repeat:
                 dataset = dataset.repeat()
-        dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
-                                num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.batch(batch_size, drop_remainder=self.drop_remainder,
+                                    num_parallel_calls=tf.data.AUTOTUNE)
         if finish_batch is not None:
             dataset = dataset.map(finish_batch, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
@@ -300,6 +311,68 @@ class DatasetFn:
         if self.cache:
             dataset = dataset.cache(self._cache_path(plan))
         return dataset
+
+    def _gathered_batches(self, plan, skip, batch_size):
+        """The batches of `_passes`, gathered from the shard's examples in memory, or None.
+
+        For a source that decodes its shard in memory (`examples_in_memory`)
+        and finishes a batch at once (`finish_batch`), when the pipeline
+        caches nothing itself. Pass p shuffles the indices of the shard's
+        examples exactly as `_passes` shuffles the examples (the same buffer
+        and seed: a shuffle's order depends on neither the elements nor their
+        type), and the first pass starts `skip % size` in, by slicing. The
+        indices are cut into batches (`Dataset.rebatch`, across passes), and
+        each batch is gathered, finished and augmented with the seeds of its
+        examples' (pass, index): the same batches as `_passes` gives, without
+        a tf.data step per example (6 of the 7 ms a batch of 128 shapes
+        cost on a 2-core Zen 5).
+        """
+        source = self.source
+        if self.cache or not callable(source.finish_batch):
+            return None
+        examples = source.examples_in_memory(plan)
+        if examples is None:
+            return None
+        size = int(tf.nest.flatten(examples)[0].shape[0])
+        augment_batch = (source.augment_batch_with_seeds if source.augment is not None
+                         else None)
+        if source.augment is not None and not callable(augment_batch):
+            return None
+        start_pass, offset = divmod(skip, size)
+        seed = tf.constant(self.seed, tf.int64)
+        seeds_of = self._augment_seeds()
+        buffer = self.shuffle_buffer
+
+        def indices_of_pass(pass_index):
+            tf.compat.v1.get_default_graph().seed = None  # as in `_unfinished_passes`
+            order = tf.data.Dataset.range(size).shuffle(
+                buffer, seed=seed * _PASS_SEED_STRIDE + pass_index,
+                reshuffle_each_iteration=False).batch(size).get_single_element()
+            first = tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
+            return (tf.fill([size - first], pass_index), tf.range(first, size), order[first:])
+
+        def gathered(pass_indices, indices, order):
+            batch = source.finish_batch(tf.nest.map_structure(
+                lambda stacked: tf.gather(stacked, order), examples))
+            if augment_batch is None:
+                return batch
+            return augment_batch(batch, seeds_of(pass_indices, indices))
+
+        keys = tf.data.Dataset.range(start_pass, _ENDLESS).map(indices_of_pass)
+        return keys.rebatch(batch_size, drop_remainder=self.drop_remainder).map(
+            gathered, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def _augment_seeds(self):
+        """`seeds_of(pass_index, index)`: the stateless seed, `[..., 2]`, of the example
+        at `index` of pass `pass_index` (tensors of the same shape)."""
+        seed = tf.constant(self.seed, tf.int64)
+        augment_seed = tf.constant(getattr(self.source, "augment_seed", None) or 0, tf.int64)
+
+        def seeds_of(pass_index, index):
+            return tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
+                             augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
+
+        return seeds_of
 
     def _passes(self, plan, skip):
         """The training stream of a positionable pipeline, `skip` examples in.
@@ -334,12 +407,7 @@ class DatasetFn:
                     and (per_record or finish is not None))
         stream = self._unfinished_passes(plan, skip, caches, per_record, finish,
                                          keyed=augment is not None)
-        seed = tf.constant(self.seed, tf.int64)
-        augment_seed = tf.constant(getattr(source, "augment_seed", None) or 0, tf.int64)
-
-        def seeds_of(pass_index, index):
-            return tf.stack([seed * _PASS_SEED_STRIDE + pass_index,
-                             augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
+        seeds_of = self._augment_seeds()
 
         if by_batch:
             if per_record:

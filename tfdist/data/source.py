@@ -57,6 +57,10 @@ class Source:
             (the training augmentation of a batch, `seeds` `[batch, 2]`, one
             per example): a positioned pipeline then finishes and augments
             after batching, vectorised (images: `ImageSource`).
+        records_in_memory: `read_all` serves records held in memory (arrays)
+            and a record decodes to one example (`to_example`): a positioned
+            pipeline then decodes its shard once (`examples_in_memory`) and
+            gathers each batch from it, without a tf.data step per example.
 
     Example (an in-memory source of squares):
 
@@ -75,6 +79,7 @@ class Source:
     finish_example = None
     finish_batch = None
     augment_batch_with_seeds = None
+    records_in_memory = False
 
     @property
     def orders_files(self):
@@ -152,6 +157,34 @@ class Source:
         if plan.mode == sharding.RECORD:
             return self.read_all().shard(plan.count, plan.index)
         raise ValueError(f"Unknown shard mode {plan.mode!r}; expected one of {sharding.MODES}.")
+
+    def examples_in_memory(self, plan):
+        """The decoded examples of `plan`'s shard, stacked (a leading example axis), or None.
+
+        Only a source whose records are in memory (`records_in_memory`), one
+        example per record (`to_example`), sharded by record, and only when
+        called eagerly (as `distribute_datasets_from_function` calls a
+        dataset function); None otherwise, and for an empty shard. Row i is
+        the i-th element of `self.read(plan).map(self.decode)`.
+
+        Example:
+
+        >>> plan = sharding.plan_sharding(0, 2, 1)
+        >>> images, labels = ShapesSource(num_examples=10).examples_in_memory(plan)
+        >>> images.shape
+        TensorShape([5, 32, 32, 3])
+        """
+        if not (self.records_in_memory and callable(self.to_example)
+                and plan.mode == sharding.RECORD and tf.executing_eagerly()):
+            return None
+        total = self.num_examples
+        count = len(range(plan.index, total, plan.count)) if total is not None else 0
+        if count == 0:
+            return None
+        # (`Dataset.map` unpacks a tuple record into arguments; `decode` takes it whole.)
+        decoded = self.read(plan).map(lambda *record: self.decode(
+            record if len(record) > 1 else record[0]))
+        return decoded.batch(count).get_single_element()
 
     def decode(self, record):
         """Maps one raw record to a parsed element (run in parallel). Identity by default."""

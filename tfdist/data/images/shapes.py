@@ -182,6 +182,8 @@ class ShapesSource(ImageSource):
     def num_examples(self):
         return int(self.labels.shape[0])
 
+    records_in_memory = True
+
     def read_all(self):
         return tf.data.Dataset.from_tensor_slices((self.images, self.labels))
 
