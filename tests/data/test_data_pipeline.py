@@ -11,6 +11,7 @@ from helpers.replicas import replica_batches
 from tfdist.data import (FILE, RECORD, ArraySource, Source, TextSource, TFRecordSource,
                          distribute_dataset, make_dataset_fn, per_replica_batch_size,
                          plan_sharding, write_token_tfrecords)
+from tfdist.data import source as source_module
 from tfdist.data.images import ShapesSource
 from tfdist.data.tokens import BOS_ID, EOS_ID, NUM_RESERVED
 from tfdist.data.translation_task import TranslationTaskSource
@@ -395,11 +396,12 @@ def test_images_in_memory_are_gathered_a_batch_at_a_time_as_they_would_be_stream
                 np.testing.assert_array_equal(labels, their_labels)
 
 
-def test_only_records_in_memory_decoded_eagerly_are_given_as_arrays():
+def test_only_records_in_memory_decoded_eagerly_are_given_as_arrays(monkeypatch):
     """`examples_in_memory`: the shard's decoded examples, row i the i-th of
     `read(plan).map(decode)`; None for records not in memory, for a file
-    plan, for an empty shard and inside a `tf.function` (a dataset function
-    traced there, as a parameter-server worker's is, streams its records)."""
+    plan, for an empty shard, for a shard larger than `MAX_GATHERED_BYTES`,
+    and inside a `tf.function` (a dataset function traced there, as a
+    parameter-server worker's is, streams its records)."""
     source = ShapesSource(10, 8, seed=1)
     plan = plan_sharding(0, 3, 1)
     images, labels = source.examples_in_memory(plan)
@@ -411,6 +413,9 @@ def test_only_records_in_memory_decoded_eagerly_are_given_as_arrays():
     assert CountedImages(10).examples_in_memory(plan) is None
     assert ShapesSource(2, 8).examples_in_memory(plan_sharding(0, 3, 2)) is None
     assert tf.function(lambda: tf.constant(source.examples_in_memory(plan) is None))()
+    assert ShapesSource(40, 8).examples_in_memory(plan) is not None
+    monkeypatch.setattr(source_module, "MAX_GATHERED_BYTES", 13 * 8 * 8 * 3 + 13 * 4 - 1)
+    assert ShapesSource(40, 8).examples_in_memory(plan) is None   # 13 records: 1 byte too many
 
 
 def counting_calls(base, method):

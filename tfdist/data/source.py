@@ -21,6 +21,11 @@ from tfdist.data import sharding
 from tfdist.data.tokens import PAD_ID, language_model_pair, pack_windows, pad_or_truncate
 
 
+MAX_GATHERED_BYTES = 2 ** 30
+"""The largest shard of records in memory (in bytes) that `Source.examples_in_memory`
+decodes into one more copy; a larger one is streamed record by record."""
+
+
 class Source:
     """Base class of all input sources.
 
@@ -162,7 +167,8 @@ class Source:
         """The decoded examples of `plan`'s shard, stacked (a leading example axis), or None.
 
         Only a source whose records are in memory (`records_in_memory`), one
-        example per record (`to_example`), sharded by record, and only when
+        example per record (`to_example`) of fixed-size numbers, sharded by
+        record, of at most `MAX_GATHERED_BYTES`, and only when
         called eagerly (as `distribute_datasets_from_function` calls a
         dataset function); None otherwise, and for an empty shard. Row i is
         the i-th element of `self.read(plan).map(self.decode)`.
@@ -179,8 +185,13 @@ class Source:
             return None
         total = self.num_examples
         count = len(range(plan.index, total, plan.count)) if total is not None else 0
-        if count == 0:
+        specs = tf.nest.flatten(self.read(plan).element_spec)
+        if count == 0 or not all(spec.shape.is_fully_defined() and spec.dtype != tf.string
+                                 for spec in specs):
             return None
+        record_bytes = sum(spec.shape.num_elements() * spec.dtype.size for spec in specs)
+        if count * record_bytes > MAX_GATHERED_BYTES:
+            return None  # streamed: a second copy of so much would cost more than it saves
         # (`Dataset.map` unpacks a tuple record into arguments; `decode` takes it whole.)
         decoded = self.read(plan).map(lambda *record: self.decode(
             record if len(record) > 1 else record[0]))
