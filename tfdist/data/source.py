@@ -194,7 +194,8 @@ class Source:
             return None  # streamed: a second copy of so much would cost more than it saves
         # (`Dataset.map` unpacks a tuple record into arguments; `decode` takes it whole.)
         decoded = self.read(plan).map(lambda *record: self.decode(
-            record if len(record) > 1 else record[0]))
+            record if len(record) > 1 else record[0]),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return decoded.batch(count).get_single_element()
 
     def decode(self, record):
