@@ -298,6 +298,22 @@ def test_the_pass_order_depends_on_the_pipeline_seed_alone(global_seed):
     assert seeded != take(make_dataset_fn(CountedRows(10), 4, seed=8).positioned(3)(None), 6)
 
 
+def test_images_gathered_from_memory_keep_their_order_whatever_the_global_seed():
+    """The gathered path draws each pass's shuffle inside a dataset function,
+    where a global seed would otherwise enter the shuffle's seed."""
+    fn = make_dataset_fn(ShapesSource(30, 8), 4, seed=7)
+    labels = lambda: [batch[1].numpy().tolist() for batch in fn.positioned(3)(None).take(12)]  # noqa: E731
+    unseeded = labels()
+    for global_seed in (0, 5):
+        tf.random.set_seed(global_seed)
+        try:
+            assert labels() == unseeded
+        finally:
+            tf.random.set_seed(None)
+    assert unseeded != [batch[1].numpy().tolist() for batch in
+                        make_dataset_fn(ShapesSource(30, 8), 4, seed=8).positioned(3)(None).take(12)]
+
+
 @pytest.mark.parametrize("unknown_size", [False, True], ids=["known_size", "counted_size"])
 def test_positioning_skips_whole_passes_without_reading_them(unknown_size):
     """Starting 100 passes in reads a few passes before the first batch (one
