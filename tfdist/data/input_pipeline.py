@@ -324,8 +324,8 @@ class DatasetFn:
         indices are cut into batches (`Dataset.rebatch`, across passes), and
         each batch is gathered, finished and augmented with the seeds of its
         examples' (pass, index): the same batches as `_passes` gives, without
-        a tf.data step per example (6 of the 7 ms a batch of 128 shapes
-        cost on a 2-core Zen 5).
+        a tf.data step per example (about 6 of the 8 ms of CPU time that a
+        batch of 128 shapes cost on a 2-core Zen 5).
         """
         source = self.source
         if self.cache or not callable(source.finish_batch):

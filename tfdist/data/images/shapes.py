@@ -164,6 +164,8 @@ class ShapesSource(ImageSource):
     >>> model = build_resnet("resnet_tiny", train.num_classes, train.image_size)
     """
 
+    records_in_memory = True  # a training pipeline gathers its batches (see `Source`)
+
     def __init__(self, num_examples=None, image_size=32, *, split="train", seed=0,
                  classes=SHAPE_CLASSES, noise=0.08, cache_decoded=False, **image_options):
         if split not in SPLITS:
@@ -181,8 +183,6 @@ class ShapesSource(ImageSource):
     @property
     def num_examples(self):
         return int(self.labels.shape[0])
-
-    records_in_memory = True
 
     def read_all(self):
         return tf.data.Dataset.from_tensor_slices((self.images, self.labels))
