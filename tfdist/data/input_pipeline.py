@@ -110,6 +110,11 @@ def _pass_size(examples, skip):
     return counted if 0 < counted < skip else -1
 
 
+def _first_in_pass(pass_index, start_pass, offset):
+    """Where pass `pass_index` starts: `offset` in the first pass of a resumed stream, else 0."""
+    return tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
+
+
 def _one_record_order(plan):
     """Whether a shard's records come in one fixed order every pass (no file order to shuffle)."""
     return plan.mode == sharding.RECORD or len(plan.files) <= 1
@@ -327,36 +332,24 @@ class DatasetFn:
         a tf.data step per example (about 6 of the 8 ms of CPU time that a
         batch of 128 shapes cost on a 2-core Zen 5).
         """
-        source = self.source
-        if self.cache or not callable(source.finish_batch):
+        finish_batch = self._batch_finisher()
+        if self.cache or finish_batch is None:
             return None
-        examples = source.examples_in_memory(plan)
+        examples = self.source.examples_in_memory(plan)
         if examples is None:
             return None
         size = int(tf.nest.flatten(examples)[0].shape[0])
-        augment_batch = (source.augment_batch_with_seeds if source.augment is not None
-                         else None)
-        if source.augment is not None and not callable(augment_batch):
-            return None
         start_pass, offset = divmod(skip, size)
-        seed = tf.constant(self.seed, tf.int64)
-        seeds_of = self._augment_seeds()
-        buffer = self.shuffle_buffer
 
         def indices_of_pass(pass_index):
-            tf.compat.v1.get_default_graph().seed = None  # as in `_unfinished_passes`
-            order = tf.data.Dataset.range(size).shuffle(
-                buffer, seed=seed * _PASS_SEED_STRIDE + pass_index,
-                reshuffle_each_iteration=False).batch(size).get_single_element()
-            first = tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
+            order = self._pass_order(tf.data.Dataset.range(size), pass_index)
+            order = order.batch(size).get_single_element()
+            first = _first_in_pass(pass_index, start_pass, offset)
             return (tf.fill([size - first], pass_index), tf.range(first, size), order[first:])
 
         def gathered(pass_indices, indices, order):
-            batch = source.finish_batch(tf.nest.map_structure(
-                lambda stacked: tf.gather(stacked, order), examples))
-            if augment_batch is None:
-                return batch
-            return augment_batch(batch, seeds_of(pass_indices, indices))
+            decoded = tf.nest.map_structure(lambda stacked: tf.gather(stacked, order), examples)
+            return finish_batch(pass_indices, indices, decoded)
 
         keys = tf.data.Dataset.range(start_pass, _ENDLESS).map(indices_of_pass)
         return keys.rebatch(batch_size, drop_remainder=self.drop_remainder).map(
@@ -373,6 +366,34 @@ class DatasetFn:
                              augment_seed * _PASS_SEED_STRIDE + index], axis=-1)
 
         return seeds_of
+
+    def _batch_finisher(self):
+        """`finish(pass_indices, indices, decoded)`: a batch of decoded examples finished
+        (`finish_batch`) and, when the source augments, augmented with the seeds of
+        its examples (`augment_batch_with_seeds`); None when the source cannot."""
+        source = self.source
+        augments = source.augment is not None
+        if not callable(source.finish_batch) or (
+                augments and not callable(source.augment_batch_with_seeds)):
+            return None
+        seeds_of = self._augment_seeds()
+
+        def finish(pass_indices, indices, decoded):
+            batch = source.finish_batch(decoded)
+            if not augments:
+                return batch
+            return source.augment_batch_with_seeds(batch, seeds_of(pass_indices, indices))
+
+        return finish
+
+    def _pass_order(self, elements, pass_index):
+        """`elements` shuffled in the order of pass `pass_index`."""
+        # The order of pass p is a function of the pipeline's seed and p
+        # alone, not of `tf.random.set_seed` (a global seed would also make
+        # TensorFlow compare this seed tensor with 0 in Python and fail).
+        tf.compat.v1.get_default_graph().seed = None
+        seed = tf.constant(self.seed, tf.int64) * _PASS_SEED_STRIDE + pass_index
+        return elements.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
 
     def _passes(self, plan, skip):
         """The training stream of a positionable pipeline, `skip` examples in.
@@ -401,9 +422,8 @@ class DatasetFn:
         augment = source.augment_with_seed if source.augment is not None else None
         # Finished and augmented a batch at a time when the source can (images
         # padded and cropped): vectorised, no function runs per example.
-        by_batch = (augment is not None and not self.cache
-                    and callable(getattr(source, "augment_batch_with_seeds", None))
-                    and callable(getattr(source, "finish_batch", None))
+        finish_batch = self._batch_finisher()
+        by_batch = (augment is not None and not self.cache and finish_batch is not None
                     and (per_record or finish is not None))
         stream = self._unfinished_passes(plan, skip, caches, per_record, finish,
                                          keyed=augment is not None)
@@ -415,14 +435,7 @@ class DatasetFn:
                     lambda pass_index, indexed: (pass_index, (indexed[0],
                                                               source.decode(indexed[1]))),
                     num_parallel_calls=tf.data.AUTOTUNE)
-            augment_batch = source.augment_batch_with_seeds
-
-            def finished_batch(pass_indices, indexed):
-                indices, decoded = indexed
-                return augment_batch(source.finish_batch(decoded),
-                                     seeds_of(pass_indices, indices))
-
-            return stream, finished_batch
+            return stream, lambda pass_indices, indexed: finish_batch(pass_indices, *indexed)
         if not (per_record or finish or augment):
             return stream, None
 
@@ -470,18 +483,12 @@ class DatasetFn:
         size = _pass_size(unshuffled(tf.constant(0, tf.int64)), skip) if skip else -1
         if size > 0:
             start_pass, offset = divmod(skip, size)
-        buffer = self.shuffle_buffer
 
         def one_pass(pass_index):
-            # The order of pass p is a function of the pipeline's seed and p
-            # alone, not of `tf.random.set_seed` (a global seed would also make
-            # TensorFlow compare this seed tensor with 0 in Python and fail).
-            tf.compat.v1.get_default_graph().seed = None
-            order = unshuffled(pass_index).shuffle(
-                buffer, seed=seed * _PASS_SEED_STRIDE + pass_index, reshuffle_each_iteration=False)
+            order = self._pass_order(unshuffled(pass_index), pass_index)
             # The first pass starts `offset` in. Skipped here, nothing but the
             # shuffle's draw touches a skipped element: no function runs on it.
-            skipped = tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
+            skipped = _first_in_pass(pass_index, start_pass, offset)
             order = order.skip(skipped)
             if not keyed:
                 return order

@@ -185,7 +185,8 @@ class Source:
             return None
         total = self.num_examples
         count = len(range(plan.index, total, plan.count)) if total is not None else 0
-        specs = tf.nest.flatten(self.read(plan).element_spec)
+        records = self.read(plan)
+        specs = tf.nest.flatten(records.element_spec)
         if count == 0 or not all(spec.shape.is_fully_defined() and spec.dtype != tf.string
                                  for spec in specs):
             return None
@@ -193,7 +194,7 @@ class Source:
         if count * record_bytes > MAX_GATHERED_BYTES:
             return None  # streamed: a second copy of so much would cost more than it saves
         # (`Dataset.map` unpacks a tuple record into arguments; `decode` takes it whole.)
-        decoded = self.read(plan).map(lambda *record: self.decode(
+        decoded = records.map(lambda *record: self.decode(
             record if len(record) > 1 else record[0]),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return decoded.batch(count).get_single_element()
