@@ -198,6 +198,18 @@ def _check_goals(report, out):
     assert "TFDIST_CPU_FLAGS" in report["goals_cpu"]
     assert "speed goals on this CPU (" in out
     assert f"throughput vs keras fit: {goal['ratio']:.2f}x, goal >= 1.40x: " in out
+    # The ceiling: the model's forward and backward alone, in the defaults' precision and XLA
+    # setting, against the same Keras best.
+    alone = report["contenders"]["model alone"]
+    assert alone["engine"] == "model" and alone["strategy"] == "default"
+    assert (alone["precision"], alone["xla"]) == (defaults["precision"], defaults["xla"])
+    ceiling = next(c for c in report["comparisons"] if c["label"].startswith("ceiling: "))
+    assert (ceiling["numerator"], ceiling["denominator"]) == ("model alone", goal["denominator"])
+    ratio_ceiling, mfu_ceiling = report["ceilings"]
+    assert ratio_ceiling["value"] == ceiling["ratio"]
+    assert ratio_ceiling["reachable"] == (ceiling["ratio"] >= 1.4)
+    assert mfu_ceiling["value"] == alone["mfu_vs_fastest_peak"]
+    assert f"    throughput ratio: {ceiling['ratio']:.2f}x, goal >= 1.40x: " in out
 
 
 @pytest.mark.slow

@@ -5,8 +5,9 @@ measured end to end: tests/bench/test_bench_cli.py (`engine --quick --goals`).""
 import pytest
 
 from tfdist.bench.compare import fastest_of
-from tfdist.bench.goals import (GOAL_LABEL, MFU_GOALS, RATIO_GOAL, evaluate_goals,
-                                format_goals, goal_entrants, keras_best_candidates)
+from tfdist.bench.goals import (CEILING_LABEL, GOAL_LABEL, MFU_GOALS, MODEL_ALONE, RATIO_GOAL,
+                                evaluate_ceilings, evaluate_goals, format_goals, goal_entrants,
+                                keras_best_candidates)
 from tfdist.bench.workloads import Workload
 
 
@@ -26,13 +27,20 @@ def test_keras_best_is_chosen_from_autotunes_precisions_each_with_xla_off_and_on
         assert (setting.precision, setting.xla) == (precision, xla)
 
 
-def test_goal_entrants_compare_the_defaults_with_every_keras_setting():
-    entrants, (label, ours, theirs) = goal_entrants({"avx2", "amx_bf16"}, [])
+def test_goal_entrants_compare_the_defaults_and_the_model_alone_with_every_keras_setting():
+    entrants, [(label, ours, theirs), ceiling] = goal_entrants({"avx2", "amx_bf16"}, [])
     assert label == GOAL_LABEL and ours == "tfdist defaults"
-    assert theirs == tuple(e.name for e in entrants)
+    *keras, model_alone = entrants
+    assert theirs == tuple(e.name for e in keras)
     assert len(set(theirs)) == 4
+    assert all(e.setting.engine == "keras" for e in keras)
     # A float32 Keras run must work; a half precision may be unsupported and is then left out.
-    assert [e.optional for e in entrants] == [False, False, True, True]
+    assert [e.optional for e in keras] == [False, False, True, True]
+    # The ceiling: the model alone in the defaults' precision and XLA, against the same Keras best.
+    assert ceiling == (CEILING_LABEL, MODEL_ALONE, theirs)
+    assert model_alone.name == MODEL_ALONE and not model_alone.optional
+    assert (model_alone.setting.engine, model_alone.setting.precision,
+            model_alone.setting.xla, model_alone.strategy) == ("model", "auto", "auto", "default")
 
 
 def test_fastest_of_picks_the_measured_one_with_the_most_examples_per_second():
@@ -68,6 +76,45 @@ def test_a_goal_is_met_at_its_target_and_not_below(ratio, mfu, met):
     for goal, verdict in zip(goals, met, strict=True):
         line = next(line for line in text.splitlines() if goal["goal"] + ":" in line)
         assert line.count("NOT MET") == (not verdict)
+
+
+def _report_with_ceiling(ratio, mfu, ceiling_ratio, ceiling_mfu):
+    report = _report(ratio, mfu)
+    report["comparisons"].append({"label": CEILING_LABEL, "numerator": MODEL_ALONE,
+                                  "denominator": "keras bf16 xla-off keras-loss",
+                                  "ratio": ceiling_ratio})
+    report["contenders"][MODEL_ALONE] = {"mfu_vs_fastest_peak": ceiling_mfu}
+    return report
+
+
+@pytest.mark.parametrize("ceiling_ratio, ceiling_mfu, reachable", [
+    (RATIO_GOAL, MFU_GOALS[("transformer", "small")], (True, True)),
+    (RATIO_GOAL - 0.03, MFU_GOALS[("transformer", "small")] - 0.01, (False, False)),
+    (1.6, 0.4, (True, False)),
+])
+def test_a_ceiling_under_its_goal_says_no_engine_can_reach_it(ceiling_ratio, ceiling_mfu,
+                                                               reachable):
+    report = _report_with_ceiling(1.1, 0.3, ceiling_ratio, ceiling_mfu)
+    workload = Workload("transformer", size="small")
+    ceilings = evaluate_ceilings(report, workload)
+    assert [c["ceiling"] for c in ceilings] == ["throughput ratio", "MFU"]
+    assert [c["value"] for c in ceilings] == [ceiling_ratio, ceiling_mfu]
+    assert [c["target"] for c in ceilings] == [RATIO_GOAL, MFU_GOALS[("transformer", "small")]]
+    assert tuple(c["reachable"] for c in ceilings) == reachable
+    text = format_goals(evaluate_goals(report, workload), "a described CPU", ceilings)
+    assert "ceilings (the model's forward and backward alone" in text
+    for ceiling, verdict in zip(ceilings, reachable, strict=True):
+        line = next(line for line in text.splitlines()
+                    if line.strip().startswith(ceiling["ceiling"] + ":"))
+        assert ("out of any engine's reach here" in line) == (not verdict), line
+        assert MODEL_ALONE in line
+
+
+def test_a_report_without_the_ceiling_has_no_ceiling_lines():
+    report = _report(1.1, 0.3)  # as written before the model alone was timed
+    assert evaluate_ceilings(report, Workload("transformer", size="small")) == []
+    assert "ceilings" not in format_goals(evaluate_goals(report, Workload("transformer",
+                                                                         size="small")), "cpu")
 
 
 def test_a_size_without_an_mfu_goal_is_measured_but_not_judged():

@@ -183,7 +183,8 @@ def engine_parser():
                              "autotune would try here (precisions x XLA off/on) and judge the "
                              "speed goals on this CPU: tfdist's defaults >= 1.4x Keras's best, "
                              "and MFU vs the fastest matmul peak (small 60%%, base 75%%, "
-                             "resnet_tiny 35%%)")
+                             "resnet_tiny 35%%); also time the model's forward and backward "
+                             "alone, the ceiling of both for any engine")
     parser.add_argument("--json-out", default=None, help="also write the report as JSON here")
     parser.add_argument("--quick", action="store_true",
                         help="tiny model on tiny data, batch 8, 1 round of 2 steps (for tests); "
@@ -340,7 +341,7 @@ def run_engine_command(argv):
     if args.goals:
         from tfdist.bench.goals import format_goals
 
-        print(format_goals(report["goals"], report["goals_cpu"]))
+        print(format_goals(report["goals"], report["goals_cpu"], report["ceilings"]))
     if args.json_out:
         write_json(args.json_out, report)
         print(f"Wrote {args.json_out}")

@@ -17,7 +17,8 @@ Example:
 
 from tfdist.bench.compare import REFERENCE_PEAKS, Entrant, run_comparison
 from tfdist.bench.engines import Setting
-from tfdist.bench.goals import DEFAULTS, describe_cpu, evaluate_goals, goal_entrants
+from tfdist.bench.goals import (DEFAULTS, describe_cpu, evaluate_ceilings, evaluate_goals,
+                                goal_entrants)
 
 TITLE = "tfdist engine vs Keras fit"
 DEFAULT_STEPS = {"transformer": 3, "cnn": 30}
@@ -91,8 +92,9 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
         global_batch_size: examples per step.
         strategy, devices, same_xla: see `engine_entrants`.
         goals: also measure Keras `fit` at each setting its best is chosen
-            from, with Keras's standard loss, and add the speed-goal
-            comparison (`tfdist.bench.goals`); the report then has `goals`.
+            from, with Keras's standard loss, and the model alone, and add
+            the speed-goal and ceiling comparisons (`tfdist.bench.goals`);
+            the report then has `goals` and `ceilings`.
         rounds, steps, warmup_steps, seed, measure_peaks, profile_dir, input_share,
             peak_size, reference_peaks, log: see
             `tfdist.bench.compare.run_comparison` (here the input-wait share
@@ -106,9 +108,9 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
     """
     entrants, comparisons = engine_entrants(strategy, devices, same_xla)
     if goals:
-        keras_best, goal = goal_entrants()
-        entrants += keras_best
-        comparisons.append(goal)
+        goal_contenders, goal_comparisons = goal_entrants()
+        entrants += goal_contenders
+        comparisons += goal_comparisons
     report = run_comparison(entrants, comparisons, workload, global_batch_size, rounds=rounds,
                             steps=steps, warmup_steps=warmup_steps, seed=seed,
                             measure_peaks=measure_peaks, profile_dir=profile_dir,
@@ -116,5 +118,6 @@ def compare_engines(workload, global_batch_size, *, strategy="default", devices=
                             reference_peaks=reference_peaks, log=log)
     if goals:
         report["goals"] = evaluate_goals(report, workload)
+        report["ceilings"] = evaluate_ceilings(report, workload)
         report["goals_cpu"] = describe_cpu()
     return report

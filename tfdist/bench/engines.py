@@ -20,7 +20,10 @@ import dataclasses
 
 from tfdist.runtime.argtypes import check_int_at_least
 
-ENGINES = ("tfdist", "keras")
+ENGINES = ("tfdist", "keras", "model")
+"""`tfdist`: `tfdist.training.Trainer`; `keras`: `model.compile` + `model.fit`;
+`model`: the model's forward and backward alone, with no loss, metric or
+optimizer update (`tfdist.bench.model_alone`): the ceiling of any engine."""
 XLA_CHOICES = ("on", "off", "auto")
 LOSSES = ("recipe", "keras")
 """`recipe`: the recipe's own loss, metrics and optimizer; `keras`: what a
@@ -37,8 +40,10 @@ class Setting:
     """How a contender trains.
 
     Args:
-        engine: "tfdist" (`tfdist.training.Trainer`) or "keras"
-            (`model.compile` + `model.fit`).
+        engine: "tfdist" (`tfdist.training.Trainer`), "keras"
+            (`model.compile` + `model.fit`) or "model" (the model's forward
+            and backward alone, `tfdist.bench.model_alone.ModelAloneStep`;
+            only under the default strategy).
         precision: "float32", "mixed_bfloat16", "mixed_float16" or "auto"
             (tfdist's detection, as the recipes resolve it).
         xla: "on", "off" or "auto". For tfdist, auto is the recipes'
@@ -46,10 +51,12 @@ class Setting:
             by Keras (off on CPU-only machines and under any strategy).
         loss: "recipe" (the recipe's loss, metrics and optimizer) or
             "keras" (the standard Keras loss and accuracy for the task, and
-            Keras's own optimizer class; see `LOSSES`).
+            Keras's own optimizer class; see `LOSSES`). The model alone
+            has none: only "recipe" (the default) is accepted with it.
 
     Raises:
-        ValueError: a value outside the allowed ones (which are named).
+        ValueError: a value outside the allowed ones (which are named), or
+            Keras's loss asked of the model alone.
 
     Example:
 
@@ -74,11 +81,14 @@ class Setting:
             if value not in allowed:
                 raise ValueError(f"Setting {name}={value!r} is not allowed; choose one of "
                                  f"{', '.join(allowed)}.")
+        if self.engine == "model" and self.loss != "recipe":
+            raise ValueError(f"Setting engine='model' runs no loss, so loss={self.loss!r} "
+                             f"would be ignored; leave loss at 'recipe'.")
 
     @property
     def label(self):
         """A short label, e.g. 'tfdist, mixed_bfloat16, XLA off' (see the class example)."""
-        engine = "keras fit" if self.engine == "keras" else "tfdist"
+        engine = {"keras": "keras fit", "model": "model alone"}.get(self.engine, "tfdist")
         loss = ", Keras's loss" if self.loss == "keras" else ""
         return f"{engine}, {self.precision}, XLA {self.xla}{loss}"
 
@@ -106,10 +116,13 @@ class Contender:
         tokens_per_example, flops_per_example: for the figures.
         num_replicas: replicas in sync.
         strategy_name: the strategy's name (`describe_strategy`).
+        trainer: the `tfdist.training.Trainer` (engine "tfdist"), else None.
+        model_alone: the `ModelAloneStep` (engine "model"), else None.
 
     Raises:
         ValueError: Keras `fit` under `MultiWorkerMirroredStrategy` (it fails
-            there: keras-team/keras#20585), or XLA forced on a model that cannot be
+            there: keras-team/keras#20585), the model alone under any strategy
+            but the default one, or XLA forced on a model that cannot be
             compiled.
 
     Example:
@@ -129,12 +142,17 @@ class Contender:
         from tfdist.precision import resolve_precision
         from tfdist.xla import leave_uncompiled_where_slower, resolve_xla, respect_xla_blocker
         from tfdist.distribute.introspection import describe_strategy
+        from tfdist.bench.model_alone import ModelAloneStep
         from tfdist.training import Trainer
 
         if setting.engine == "keras" and isinstance(
                 strategy, tf.distribute.MultiWorkerMirroredStrategy):
             raise ValueError("Keras fit cannot be benchmarked under multi_worker_mirrored: it "
                              "fails there (keras-team/keras#20585). Use engine 'tfdist'.")
+        if setting.engine == "model" and strategy is not tf.distribute.get_strategy():
+            raise ValueError(f"The model alone runs under the default strategy only, got "
+                             f"{type(strategy).__name__}; create it with "
+                             f"create_strategy('default').")
         self.setting = setting
         self.workload = workload
         self.strategy = strategy
@@ -170,7 +188,8 @@ class Contender:
                 loss, metrics = built.loss, built.metrics
                 if setting.loss == "keras":
                     loss, metrics = workload.keras_standard_loss()
-                if setting.engine == "tfdist":
+                self.trainer = self.model_alone = None
+                if setting.engine in ("tfdist", "model"):
                     on_gpu = gpu_count() > 0
                     jit, reason = resolve_xla(setting.xla, self.policy, on_gpu=on_gpu)
                     jit, reason = respect_xla_blocker(  # as the recipes
@@ -178,14 +197,16 @@ class Contender:
                         way_out="Measure it with XLA off or auto.")
                     jit, reason = leave_uncompiled_where_slower(
                         setting.xla, jit, reason, built.xla_slower_on_cpu, on_gpu)
-                    self.trainer = Trainer(built.model, optimizer, loss, metrics,
-                                           strategy=strategy, jit_compile=jit)
+                    if setting.engine == "tfdist":
+                        self.trainer = Trainer(built.model, optimizer, loss, metrics,
+                                               strategy=strategy, jit_compile=jit)
+                    else:
+                        self.model_alone = ModelAloneStep(built.model, jit_compile=jit)
                     self.jit_compile, self.xla_reason = jit, reason
                 else:
                     jit = {"on": True, "off": False, "auto": "auto"}[setting.xla]
                     built.model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                                         jit_compile=jit)
-                    self.trainer = None
                     self.jit_compile = bool(built.model.jit_compile)
                     self.xla_reason = ("Keras compile(jit_compile='auto') resolved it"
                                        if setting.xla == "auto" else "asked for")
@@ -201,7 +222,11 @@ class Contender:
                 batch replayed from memory).
             warmup_steps: steps at the start of this call left out (the
                 first creates the data iterator).
-            callbacks: more Keras callbacks for this call (e.g. a profiler).
+            callbacks: more Keras callbacks for this call (e.g. a profiler);
+                the model alone runs no Keras loop and takes none.
+
+        Raises:
+            ValueError: an unknown input, or callbacks given to the model alone.
 
         Example:
 
@@ -213,6 +238,11 @@ class Contender:
         check_int_at_least("steps", steps, 1)
         from tfdist.bench.timing import StepClock
 
+        if self.model_alone is not None:
+            if callbacks:
+                raise ValueError("The model alone runs no Keras loop, so it takes no callbacks; "
+                                 "profile it with tf.profiler around run().")
+            return self.model_alone.run(self._datasets[input], steps, warmup_steps)
         clock = StepClock(warmup_steps=warmup_steps)
         options = dict(epochs=1, steps_per_epoch=steps + warmup_steps,
                        callbacks=[clock, *callbacks], verbose=0)

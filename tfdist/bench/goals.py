@@ -13,10 +13,21 @@ alternating rounds, as ratios (never as absolute speeds):
 * **MFU**: the defaults' model FLOP/s reach at least `MFU_GOALS[(model,
   size)]` of the same-run matmul peak of the machine's fastest precision.
 
+Both engines train the same model, so the throughput ratio can only come
+from what an engine adds around the model's forward and backward passes.
+The same rounds therefore also time the model alone (`MODEL_ALONE`: its
+forward and backward in the defaults' precision and XLA setting, with no
+loss, metric or optimizer update; `tfdist.bench.model_alone`) and report
+the **ceiling**: the model alone / Keras's best. No engine that runs this
+model's TensorFlow forward and backward reaches a ratio above it on this
+machine; a ceiling under `RATIO_GOAL` says the goal cannot be met by the
+engine, only by a faster model. The model alone's MFU is the ceiling of
+the MFU goal in the same sense.
+
 Example:
 
-    entrants, comparison = goal_entrants(cpu_flags={"avx2", "avx512_bf16"})
-    # ... run_comparison(entrants + ..., [comparison, ...], workload, 32)
+    entrants, comparisons = goal_entrants(cpu_flags={"avx2", "avx512_bf16"})
+    # ... run_comparison(entrants + ..., [*comparisons, ...], workload, 32)
     for goal in evaluate_goals(report, workload):
         print(goal["goal"], goal["met"])
 """
@@ -32,8 +43,11 @@ MFU_GOALS = {("transformer", "small"): 0.60, ("transformer", "base"): 0.75,
 """MFU of tfdist's defaults against the fastest same-run matmul peak, by (model, size)."""
 
 GOAL_LABEL = "goal: tfdist defaults / keras fit's best setting with Keras's loss"
+CEILING_LABEL = "ceiling: the model alone / keras fit's best setting with Keras's loss"
 DEFAULTS = "tfdist defaults"
 """The engine benchmark's entrant for the recipe's defaults."""
+MODEL_ALONE = "model alone"
+"""The entrant timing the model's forward and backward alone (engine "model")."""
 
 _SHORT = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}
 
@@ -71,14 +85,16 @@ def goal_entrants(cpu_flags=None, gpu_capabilities=None):
             `TFDIST_CPU_FLAGS`).
 
     Returns:
-        `(entrants, comparison)`: `Entrant`s (a precision other than float32
-        is optional: reported as unsupported if it fails here), and
-        `(GOAL_LABEL, DEFAULTS, names of the entrants)`, whose denominator is
-        the fastest of them (`tfdist.bench.compare.fastest_of`).
+        `(entrants, comparisons)`: the Keras `Entrant`s (a precision other
+        than float32 is optional: reported as unsupported if it fails here)
+        and the model alone (`MODEL_ALONE`, in the defaults' precision and
+        XLA setting); and two comparisons against the fastest of the Keras
+        entrants (`tfdist.bench.compare.fastest_of`): `(GOAL_LABEL, DEFAULTS,
+        their names)` and `(CEILING_LABEL, MODEL_ALONE, their names)`.
 
     Example:
 
-    >>> entrants, (label, ours, theirs) = goal_entrants({"avx2"}, [])
+    >>> entrants, [(label, ours, theirs), ceiling] = goal_entrants({"avx2"}, [])
     >>> theirs
     ('keras fp32 xla-off keras-loss', 'keras fp32 xla-on keras-loss')
     """
@@ -88,10 +104,13 @@ def goal_entrants(cpu_flags=None, gpu_capabilities=None):
         flags, capabilities = machine_hardware()
         cpu_flags = flags if cpu_flags is None else cpu_flags
         gpu_capabilities = capabilities if gpu_capabilities is None else gpu_capabilities
-    entrants = [Entrant(f"keras {_SHORT.get(s.precision, s.precision)} xla-{s.xla} keras-loss",
-                        s, "default", optional=s.precision != "float32")
-                for s in keras_best_candidates(cpu_flags, gpu_capabilities)]
-    return entrants, (GOAL_LABEL, DEFAULTS, tuple(e.name for e in entrants))
+    keras_best = [Entrant(f"keras {_SHORT.get(s.precision, s.precision)} xla-{s.xla} keras-loss",
+                          s, "default", optional=s.precision != "float32")
+                  for s in keras_best_candidates(cpu_flags, gpu_capabilities)]
+    theirs = tuple(e.name for e in keras_best)
+    model_alone = Entrant(MODEL_ALONE, Setting("model", "auto", "auto"), "default")
+    return [*keras_best, model_alone], [(GOAL_LABEL, DEFAULTS, theirs),
+                                        (CEILING_LABEL, MODEL_ALONE, theirs)]
 
 
 def evaluate_goals(report, workload):
@@ -139,36 +158,94 @@ def evaluate_goals(report, workload):
     return goals
 
 
+def evaluate_ceilings(report, workload):
+    """How far the engine alone could take each goal: the model alone's ratio and MFU.
+
+    Args:
+        report: a `run_comparison` report; one without the `CEILING_LABEL`
+            comparison (written before it existed) has no ceilings.
+        workload: its `Workload`.
+
+    Returns:
+        A list of dicts: `ceiling` ("throughput ratio", "MFU"), `value`
+        (None when not measured), `target` (the goal's; None when none is
+        set), `reachable` (`value >= target`, or None when either is
+        missing) and `detail`.
+
+    Example:
+
+    >>> [(c["ceiling"], c["reachable"]) for c in evaluate_ceilings(report, Workload("cnn"))]
+    [('throughput ratio', False), ('MFU', True)]
+    """
+    comparison = next((c for c in report["comparisons"] if c["label"] == CEILING_LABEL), None)
+    if comparison is None:
+        return []
+    measured = "error" not in comparison
+    ratio = comparison["ratio"] if measured else None
+    ceilings = [_ceiling("throughput ratio", ratio, RATIO_GOAL,
+                         f"{comparison['numerator']} / {comparison['denominator']}"
+                         if measured else f"not measured: {comparison['error'][:160]}")]
+    figures = report["contenders"].get(comparison["numerator"], {})
+    ceilings.append(_ceiling("MFU", figures.get("mfu_vs_fastest_peak"),
+                             MFU_GOALS.get((workload.model, workload.size)),
+                             f"{comparison['numerator']} vs the fastest peak"))
+    return ceilings
+
+
+def _ceiling(name, value, target, detail):
+    reachable = None if value is None or target is None else value >= target
+    return {"ceiling": name, "value": value, "target": target, "reachable": reachable,
+            "detail": detail}
+
+
 def _goal(name, value, target, detail):
     met = None if value is None or target is None else value >= target
     return {"goal": name, "value": value, "target": target, "met": met, "detail": detail}
 
 
-def format_goals(goals, cpu_description):
-    """The goal lines of the engine benchmark's output.
+def format_goals(goals, cpu_description, ceilings=()):
+    """The goal lines of the engine benchmark's output, then the ceilings' lines.
 
     Args:
         goals: what `evaluate_goals` returns.
         cpu_description: the CPU they were measured on (name and flags).
+        ceilings: what `evaluate_ceilings` returns (none: no ceiling lines).
 
     Example:
 
-    >>> print(format_goals(goals, "Intel Xeon (amx_bf16)"))
+    >>> print(format_goals(goals, "Intel Xeon (amx_bf16)", ceilings))
     speed goals on this CPU (Intel Xeon (amx_bf16)):
       throughput vs keras fit: 1.21x, goal >= 1.40x: NOT MET (tfdist defaults / ...)
       MFU vs fastest peak: 14.3%, goal >= 60%: NOT MET (...)
+    ceilings (the model's forward and backward alone: no loss, metric or update):
+      throughput ratio: 1.31x, goal >= 1.40x: out of any engine's reach here (...)
+      MFU: 17.0%, goal >= 60%: out of any engine's reach here (...)
     """
     lines = [f"  speed goals on this CPU ({cpu_description}):"]
     for goal in goals:
-        percent = goal["goal"].startswith("MFU")
-        value = ("not measured" if goal["value"] is None else
-                 f"{100 * goal['value']:.1f}%" if percent else f"{goal['value']:.2f}x")
-        target = ("no goal" if goal["target"] is None else
-                  f"goal >= {100 * goal['target']:.0f}%" if percent
-                  else f"goal >= {goal['target']:.2f}x")
         verdict = {True: "met", False: "NOT MET", None: "not judged"}[goal["met"]]
-        lines.append(f"    {goal['goal']}: {value}, {target}: {verdict} ({goal['detail']})")
+        lines.append(f"    {goal['goal']}: {_value_and_target(goal, goal['goal'])}: {verdict} "
+                     f"({goal['detail']})")
+    if ceilings:
+        lines.append("  ceilings (the model's forward and backward alone: no loss, metric "
+                     "or update):")
+    for ceiling in ceilings:
+        verdict = {True: "within an engine's reach",
+                   False: "out of any engine's reach here",
+                   None: "not judged"}[ceiling["reachable"]]
+        lines.append(f"    {ceiling['ceiling']}: {_value_and_target(ceiling, ceiling['ceiling'])}"
+                     f": {verdict} ({ceiling['detail']})")
     return "\n".join(lines)
+
+
+def _value_and_target(entry, name):
+    percent = name.startswith("MFU")
+    value = ("not measured" if entry["value"] is None else
+             f"{100 * entry['value']:.1f}%" if percent else f"{entry['value']:.2f}x")
+    target = ("no goal" if entry["target"] is None else
+              f"goal >= {100 * entry['target']:.0f}%" if percent
+              else f"goal >= {entry['target']:.2f}x")
+    return f"{value}, {target}"
 
 
 def describe_cpu():

@@ -172,7 +172,8 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1, input="pipeline
     """Profiles `steps` training steps of a warmed-up contender.
 
     Args:
-        contender: a `tfdist.bench.engines.Contender` (already warmed up).
+        contender: a `tfdist.bench.engines.Contender` (already warmed up); the
+            model alone (engine "model") is profiled around its own loop.
         log_dir: the TensorBoard log folder to write the profile under.
         steps: profiled steps, >= 1.
         warmup_steps: steps before the window (iterator start-up).
@@ -188,6 +189,17 @@ def capture_profile(contender, log_dir, steps=2, warmup_steps=1, input="pipeline
     >>> summarise_profile(capture_profile(contender, "profiles/ours"))["kinds"]["matmul"]
     {'time': 5432100000, 'share': 0.62}
     """
+    if getattr(contender, "model_alone", None) is not None:  # no Keras loop, no callbacks
+        import tensorflow as tf
+
+        if warmup_steps:
+            contender.run(warmup_steps, input=input, warmup_steps=0)
+        tf.profiler.experimental.start(log_dir)
+        try:
+            contender.run(steps, input=input, warmup_steps=0)
+        finally:
+            tf.profiler.experimental.stop()
+        return find_xspace(log_dir)
     from tfdist.callbacks import ProfilerWindow
 
     window = ProfilerWindow(log_dir, start_step=warmup_steps, stop_step=warmup_steps + steps)
