@@ -91,6 +91,47 @@ def test_missing_or_unusable_loss_is_refused():
         GlobalLoss("no_such_loss")
 
 
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_bfloat16_logits_reach_the_masked_loss_uncast_with_the_same_bits(jit_compile):
+    """The engine hands bfloat16 logits to tfdist's masked cross-entropy as they are
+    (it casts them inside its compiled kernel): no float32 copy of the logits in the
+    step's graph, and the value and gradient of the cast-first path to the bit."""
+    from tfdist.models.losses import MaskedSparseCategoricalCrossentropy
+
+    loss = MaskedSparseCategoricalCrossentropy(jit_compile=jit_compile)
+    y_true = tf.constant(np.where(MASK, Y_TRUE, 0).astype("int32"))
+    logits = tf.constant(LOGITS * 3, tf.bfloat16)
+
+    def terms(cast_first):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            given = tf.cast(logits, tf.float32) if cast_first else logits
+            numerator, count = GlobalLoss(loss).local_terms(y_true, given)
+            value = numerator / count
+        return value, tape.gradient(value, logits)
+
+    value, gradient = tf.function(lambda: terms(False))()
+    expected, expected_gradient = tf.function(lambda: terms(True))()
+    assert gradient.dtype == tf.bfloat16
+    assert float(value) == float(expected)
+    np.testing.assert_array_equal(gradient.numpy().astype("float32"),
+                                  expected_gradient.numpy().astype("float32"))
+    graph = tf.function(
+        lambda: GlobalLoss(loss).local_terms(y_true, logits)).get_concrete_function().graph
+    float32_copies = [op.name for op in graph.get_operations() if op.type == "Cast"
+                      and op.outputs[0].dtype == tf.float32
+                      and op.outputs[0].shape == logits.shape]
+    if jit_compile:  # the cast is inside the compiled kernel
+        assert float32_copies == []
+    else:  # the plain kernel casts once, in the step's own graph
+        assert len(float32_copies) == 1, float32_copies
+    # Keras's own losses keep Keras's rule: predictions are cast to the loss's dtype first.
+    graph = tf.function(lambda: GlobalLoss(keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True)).local_terms(y_true, logits)).get_concrete_function().graph
+    assert any(op.type == "Cast" and op.outputs[0].dtype == tf.float32
+               and op.outputs[0].shape == logits.shape for op in graph.get_operations())
+
+
 def test_tfdist_masked_token_loss_gives_its_sum_and_count():
     from tfdist.models.losses import MaskedSparseCategoricalCrossentropy
 

@@ -36,7 +36,7 @@ def _token_weights(y_true, pad_id, sample_weight, dtype):
     return weights
 
 
-def masked_token_losses(y_true, logits, pad_id, label_smoothing=0.0):
+def masked_token_losses(y_true, logits, pad_id, label_smoothing=0.0, dtype=None):
     """Per-token cross-entropy from logits, 0 at pad targets, and the mask of real tokens.
 
     One fused TensorFlow kernel over the logits
@@ -58,6 +58,11 @@ def masked_token_losses(y_true, logits, pad_id, label_smoothing=0.0):
         logits: float logits `[batch, seq, vocab]`.
         pad_id: the target id to ignore.
         label_smoothing: e in [0, 1); 0 is the plain cross-entropy.
+        dtype: the float type to compute in (the logits are cast to it
+            first, and their gradient cast back); None: the logits' own.
+            Cast here, inside the compiled kernel, bfloat16 logits are read
+            once instead of being written out in float32 first (see
+            `MaskedSparseCategoricalCrossentropy`).
 
     Returns:
         `(losses, valid)`: float `[batch, seq]` and bool `[batch, seq]`.
@@ -68,6 +73,8 @@ def masked_token_losses(y_true, logits, pad_id, label_smoothing=0.0):
     >>> [round(float(v), 4) for v in losses[0]], valid.numpy().tolist()
     ([1.3863, 0.0], [[True, False]])
     """
+    if dtype is not None:
+        logits = tf.cast(logits, dtype)
     valid = tf.not_equal(y_true, pad_id)
     labels = tf.where(valid, y_true, tf.zeros_like(y_true))
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
@@ -144,6 +151,12 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
     Performance); values agree with the uncompiled kernel to float32
     rounding (tested to 1e-6 relative, gradients to 1e-5). A batch of a new
     shape compiles once more; `jit_compile=False` keeps the plain kernel.
+    Logits of a narrower type (bfloat16 under `mixed_bfloat16`) are cast to
+    `dtype` inside that kernel, and their gradient cast back there
+    (`casts_logits_itself`): tfdist's engine hands them over as the model
+    made them, so the `[batch, seq, vocab]` logits and their gradient are
+    never written out in float32. The same bits, 9 ms less of a 416 ms
+    `small` step on an AMD EPYC Zen 5 (Experiment notes).
 
     Args:
         pad_id: target id to ignore. Defaults to 0.
@@ -185,6 +198,19 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
         self.jit_compile = bool(jit_compile)
         self.label_smoothing = float(label_smoothing)
 
+    @property
+    def casts_logits_itself(self):
+        """Whether `call` takes logits of any float type and casts them to `dtype`
+        itself, inside its kernel (so from logits): then tfdist's engine
+        (`tfdist.training.loss.GlobalLoss`) passes them in their own type.
+
+        Example:
+
+        >>> MaskedSparseCategoricalCrossentropy().casts_logits_itself
+        True
+        """
+        return self.from_logits
+
     def call(self, y_true, y_pred):
         """Per-token losses `[batch, seq]` (0 at pads, with a Keras mask of real tokens).
 
@@ -199,7 +225,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
         if y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] == 1:
             y_true = tf.squeeze(y_true, -1)
         compute = _compiled_masked_token_losses if self.jit_compile else masked_token_losses
-        losses, valid = compute(y_true, y_pred, self.pad_id, self.label_smoothing)
+        losses, valid = compute(y_true, y_pred, self.pad_id, self.label_smoothing, self.dtype)
         set_keras_mask(losses, valid)
         return losses
 
@@ -217,7 +243,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
         >>> [round(float(v), 4) for v in np.asarray(losses)[0]]  # [log 4, 0]
         [1.3863, 0.0]
         """
-        y_pred = ops.convert_to_tensor(y_pred, dtype=self.dtype)
+        y_pred = ops.convert_to_tensor(y_pred, dtype=None if self.from_logits else self.dtype)
         y_true = ops.convert_to_tensor(y_true, dtype=self.dtype)
         return self.call(y_true, y_pred)
 

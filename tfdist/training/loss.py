@@ -101,7 +101,9 @@ class GlobalLoss:
             y_true: targets of this replica's batch (a tensor or a structure
                 matching `y_pred`).
             y_pred: the model's predictions; a Keras mask attached to them is
-                honoured.
+                honoured. They are converted to the loss's dtype first, as
+                Keras does, unless the loss says it casts them itself
+                (`casts_logits_itself`, tfdist's masked cross-entropy).
             sample_weight: optional weights, broadcast like Keras does.
             return_kind: also return what the count is (a Python string
                 known when tracing): `"size"` (the number of loss elements,
@@ -125,8 +127,12 @@ class GlobalLoss:
         in_mask = tree.map_structure(get_keras_mask, y_pred)
         in_mask = in_mask if not isinstance(in_mask, (list, tuple, dict)) else None
         dtype = loss.dtype
+        # A loss that casts its logits itself (tfdist's masked cross-entropy, inside
+        # its compiled kernel) gets them in the model's type: no float32 copy.
+        pred_dtype = None if getattr(loss, "casts_logits_itself", False) is True else dtype
         with keras.name_scope(loss.name):
-            y_pred = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype=dtype), y_pred)
+            y_pred = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype=pred_dtype),
+                                        y_pred)
             y_true = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype=dtype), y_true)
             values = loss.call(y_true, y_pred)
             out_mask = get_keras_mask(values)
