@@ -87,13 +87,17 @@ def pytest_configure(config):
     `-n 0`): tfdist's bytecode is written (`compile_bytecode_for_child_processes`).
     In the process that runs tests (a pytest-xdist worker, or pytest
     itself with `-n 0`), the processes its tests start see no matplotlib
-    (`hide_bench_extra_from_child_processes`), and the tf.data iterators its
-    tests make are watched (`YOUNG_ITERATORS`). Not in pytest-xdist's
-    controller: the workers it starts keep matplotlib for the plot tests."""
+    (`hide_bench_extra_from_child_processes`) and print their Python stacks
+    if they die of a fatal signal (`PYTHONFAULTHANDLER`: a SIGSEGV of a
+    parameter-server chief in one whole run left nothing else to go on), and
+    the tf.data iterators its tests make are watched (`YOUNG_ITERATORS`). Not
+    in pytest-xdist's controller: the workers it starts keep matplotlib for
+    the plot tests."""
     if not hasattr(config, "workerinput"):  # once per session, before any worker starts
         config.stash[BYTECODE_WRITTEN] = compile_bytecode_for_child_processes()
     if not is_xdist_controller(config):
         hide_bench_extra_from_child_processes(os.environ)
+        os.environ.setdefault("PYTHONFAULTHANDLER", "1")
         YOUNG_ITERATORS.watch()
 
 
