@@ -133,16 +133,11 @@ def evaluate_goals(report, workload):
     >>> [(g["goal"], g["met"]) for g in evaluate_goals(report, Workload("transformer"))]
     [('throughput vs keras fit', False), ('MFU vs fastest peak', False)]
     """
-    comparison = next((c for c in report["comparisons"] if c["label"] == GOAL_LABEL), None)
+    comparison = _find_comparison(report, GOAL_LABEL)
     if comparison is None:
         raise ValueError(f"The report has no {GOAL_LABEL!r} comparison; run the engine "
                          f"benchmark with --goals.")
-    goals = []
-    measured = "error" not in comparison
-    ratio = comparison["ratio"] if measured else None
-    goals.append(_goal("throughput vs keras fit", ratio, RATIO_GOAL,
-                       f"{comparison['numerator']} / {comparison['denominator']}"
-                       if measured else f"not measured: {comparison['error'][:160]}"))
+    goals = [_goal("throughput vs keras fit", *_ratio_and_detail(comparison), RATIO_GOAL)]
     figures = report["contenders"].get(comparison["numerator"], {})
     mfu = figures.get("mfu_vs_fastest_peak")
     target = MFU_GOALS.get((workload.model, workload.size))
@@ -154,7 +149,7 @@ def evaluate_goals(report, workload):
     if target is None:
         detail += (f"; no MFU goal for {workload.model} {workload.size} (goals: "
                    + ", ".join(f"{m} {s}" for m, s in MFU_GOALS) + ")")
-    goals.append(_goal("MFU vs fastest peak", mfu, target, detail))
+    goals.append(_goal("MFU vs fastest peak", mfu, detail, target))
     return goals
 
 
@@ -177,30 +172,39 @@ def evaluate_ceilings(report, workload):
     >>> [(c["ceiling"], c["reachable"]) for c in evaluate_ceilings(report, Workload("cnn"))]
     [('throughput ratio', False), ('MFU', True)]
     """
-    comparison = next((c for c in report["comparisons"] if c["label"] == CEILING_LABEL), None)
+    comparison = _find_comparison(report, CEILING_LABEL)
     if comparison is None:
         return []
-    measured = "error" not in comparison
-    ratio = comparison["ratio"] if measured else None
-    ceilings = [_ceiling("throughput ratio", ratio, RATIO_GOAL,
-                         f"{comparison['numerator']} / {comparison['denominator']}"
-                         if measured else f"not measured: {comparison['error'][:160]}")]
     figures = report["contenders"].get(comparison["numerator"], {})
-    ceilings.append(_ceiling("MFU", figures.get("mfu_vs_fastest_peak"),
-                             MFU_GOALS.get((workload.model, workload.size)),
-                             f"{comparison['numerator']} vs the fastest peak"))
-    return ceilings
+    return [_ceiling("throughput ratio", *_ratio_and_detail(comparison), RATIO_GOAL),
+            _ceiling("MFU", figures.get("mfu_vs_fastest_peak"),
+                     f"{comparison['numerator']} vs the fastest peak",
+                     MFU_GOALS.get((workload.model, workload.size)))]
 
 
-def _ceiling(name, value, target, detail):
-    reachable = None if value is None or target is None else value >= target
-    return {"ceiling": name, "value": value, "target": target, "reachable": reachable,
+def _find_comparison(report, label):
+    return next((c for c in report["comparisons"] if c["label"] == label), None)
+
+
+def _ratio_and_detail(comparison):
+    """`(ratio, detail)` of a comparison; `(None, why)` when a side was not measured."""
+    if "error" in comparison:
+        return None, f"not measured: {comparison['error'][:160]}"
+    return comparison["ratio"], f"{comparison['numerator']} / {comparison['denominator']}"
+
+
+def _at_least(value, target):
+    return None if value is None or target is None else value >= target
+
+
+def _ceiling(name, value, detail, target):
+    return {"ceiling": name, "value": value, "target": target,
+            "reachable": _at_least(value, target), "detail": detail}
+
+
+def _goal(name, value, detail, target):
+    return {"goal": name, "value": value, "target": target, "met": _at_least(value, target),
             "detail": detail}
-
-
-def _goal(name, value, target, detail):
-    met = None if value is None or target is None else value >= target
-    return {"goal": name, "value": value, "target": target, "met": met, "detail": detail}
 
 
 def format_goals(goals, cpu_description, ceilings=()):
