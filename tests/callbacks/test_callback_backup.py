@@ -170,6 +170,60 @@ def test_mixed_float16_resume_restores_the_dynamic_loss_scale(tmp_path):
     assert_weights_close(resumed, reference)
 
 
+def dropout_trainer(strategy):
+    """A regression MLP with a seeded `Dropout` between its layers (Keras's own layer)."""
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((common.FEATURES,)),
+            keras.layers.Dense(8, activation="tanh"),
+            keras.layers.Dropout(0.3, seed=4),
+            keras.layers.Dense(common.TARGETS),
+        ])
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    common.set_deterministic_weights(model)
+    return model, Trainer(model, optimizer, "mse", strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
+def test_dropout_draws_on_after_a_resume_as_in_the_uninterrupted_run(tmp_path, strategy_name):
+    _, reference, _ = train(strategy_named(strategy_name), [],
+                            trainer=dropout_trainer(strategy_named(strategy_name)))
+    first = BackupAndResume(tmp_path, save_freq=4, verbose=0)
+    strategy = strategy_named(strategy_name)
+    with pytest.raises(Interrupted):
+        train(strategy, [first, InterruptAfterSteps(14)], trainer=dropout_trainer(strategy))
+    assert first.last_backup.global_step == 12
+    reader = tf.train.load_checkpoint(first.last_backup.path)
+    (saved_seed,) = [k for k in reader.get_variable_to_shape_map() if k.startswith("random_seeds")]
+    assert list(reader.get_tensor(saved_seed)) == [4, 12]  # (seed, draws): one draw per step
+
+    second = BackupAndResume(tmp_path, verbose=0)
+    strategy = strategy_named(strategy_name)
+    _, resumed, _ = train(strategy, [second], trainer=dropout_trainer(strategy))
+    assert second.restored.global_step == 12
+    assert_weights_close(resumed, reference, tolerance=1e-6)
+
+
+def test_a_backup_without_the_random_seeds_resumes_and_says_the_draws_differ(tmp_path,
+                                                                             monkeypatch):
+    import tfdist.callbacks.backup.callback as callback_module
+
+    strategy = tf.distribute.get_strategy()
+    _, reference, _ = train(strategy, [], trainer=dropout_trainer(strategy))
+    # As a backup written before tfdist saved the seed generators.
+    monkeypatch.setattr(callback_module, "random_seed_states", lambda model: [])
+    with pytest.raises(Interrupted):
+        train(strategy, [BackupAndResume(tmp_path, save_freq=4, verbose=0),
+                         InterruptAfterSteps(14)], trainer=dropout_trainer(strategy))
+    monkeypatch.undo()
+    with pytest.warns(ResumeWarning, match=r"the model's 1 random seed generator\(s\) .*were "
+                                           r"not restored from .*ckpt-"):
+        _, resumed, _ = train(strategy, [BackupAndResume(tmp_path, verbose=0)],
+                              trainer=dropout_trainer(strategy))
+    differences = [np.abs(a - b).max() for a, b in zip(resumed, reference, strict=True)]
+    assert max(differences) > 1e-4  # the first steps' masks drawn again
+
+
 # ---------------------------------------------------------- keras Model.fit
 def keras_fit(callbacks, strategy=None):
     strategy = strategy or tf.distribute.get_strategy()

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfdist.callbacks.backup.good import GoodBackups
 from tfdist.callbacks.backup.errors import summarize_error
 from tfdist.callbacks.backup.index import survey_backups
+from tfdist.callbacks.backup.random_state import random_seed_states
 from tfdist.callbacks.backup.store import BackupInfo, read_backup
 from tfdist.callbacks.backup.writer import BackupWriter
 from tfdist.callbacks.chief import model_strategy, task_info
@@ -246,6 +247,7 @@ class BackupAndResume(keras.callbacks.Callback):
         guarded = {} if self._health is None else {"loss_health": self._health.trackable()}
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
                                          metrics=list(model.metrics_variables),
+                                         random_seeds=random_seed_states(model),
                                          position=self._state, **guarded)
         self._writer = BackupWriter(checkpoint, self.backup_dir, self.max_to_keep,
                                     is_chief=self._chief,
@@ -351,8 +353,27 @@ class BackupAndResume(keras.callbacks.Callback):
                               f"({reasons[info.path]}); trying an older backup.",
                               ResumeWarning, stacklevel=3)
                 continue
+            self._restore_random_seeds(info.path)
             return info
         raise ValueError(self._none_restored(reasons))
+
+    def _restore_random_seeds(self, path):
+        """Restores the model's random seed generators (dropout's, for one) from the
+        backup at `path`, so that the draws after resuming are the uninterrupted
+        run's; warns when the backup holds none that match."""
+        seeds = random_seed_states(self.model)
+        if not seeds:
+            return
+        try:
+            status = tf.train.Checkpoint(random_seeds=seeds).read(path)
+            status.expect_partial()
+            status.assert_existing_objects_matched()
+        except (AssertionError, tf.errors.OpError, ValueError) as error:
+            warnings.warn(
+                f"BackupAndResume: the model's {len(seeds)} random seed generator(s) (dropout's, "
+                f"for one) were not restored from {path} ({summarize_error(error)}: a backup "
+                "written before tfdist saved them, or by another model); their random draws "
+                "from here on differ from the uninterrupted run's.", ResumeWarning, stacklevel=4)
 
     def _none_restored(self, reasons):
         """The one-line refusal when no backup of the folder can be restored."""
