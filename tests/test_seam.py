@@ -181,6 +181,18 @@ PINS = {
     "standardized_inputs": [("keras.src.models.functional", "Functional._standardize_inputs")],
     "producing_layer_name": [("keras.src.ops.node", "Node", "tensor._keras_history = ")],
     "direct_sublayers": [("keras.src.layers.layer", "Layer._flatten_layers")],
+    "attention_dropout_layer": [
+        ("keras.src.layers.attention.multi_head_attention", "MultiHeadAttention._build_attention",
+         "self._dropout_layer = Dropout(")],
+    "replace_attention_dropout_layer": [
+        ("keras.src.layers.attention.multi_head_attention", "MultiHeadAttention._build_attention",
+         "self._dropout_layer = Dropout("),
+        ("keras.src.layers.attention.multi_head_attention",
+         "MultiHeadAttention._compute_attention", "self._dropout_layer("),
+        ("keras.src.layers.layer", "Layer", "self._tracker = "),
+        ("keras.src.utils.tracking", "Tracker.untrack"),
+        ("keras.src.utils.tracking", "Tracker.unlock"),
+        ("keras.src.utils.tracking", "Tracker.lock")],
     "variable_storage": [("keras.src.backend.common.variables", "Variable", "self._value")],
     "set_variable_storage": [("keras.src.backend.common.variables", "Variable", "self._value")],
     "ProgbarLoggerHooks": [("keras.src.callbacks.progbar_logger", "ProgbarLogger._update_progbar"),
@@ -448,6 +460,35 @@ def test_variable_storage_can_be_swapped_for_a_plain_variable_on_another_device(
     seam.set_variable_storage(variable, storage)
     assert variable.value.device.endswith("CPU:1")
     assert variable.numpy().tolist() == [3.0, 4.0]
+
+
+def test_an_attention_dropout_layer_is_replaced_in_place_and_used(tmp_path):
+    attention = keras.layers.MultiHeadAttention(2, 4, dropout=0.5)
+    attention.build((2, 3, 8), (2, 3, 8))
+    old = seam.attention_dropout_layer(attention)
+    assert isinstance(old, keras.layers.Dropout) and old.rate == 0.5
+    count = len(attention.variables)
+    calls = []
+
+    class Recording(keras.layers.Dropout):
+        def call(self, inputs, training=False):
+            calls.append(tuple(inputs.shape))
+            return super().call(inputs, training=training)
+
+    seam.replace_attention_dropout_layer(attention, Recording(0.5))
+    assert seam.attention_dropout_layer(attention) is not old
+    assert len(attention.variables) == count  # one seed generator out, one in
+    assert old not in attention._flatten_layers(include_self=False)
+    with pytest.raises(ValueError, match="already built"):
+        attention.extra = keras.layers.Dense(1)  # still locked, as a built layer is
+    x = np.ones((2, 3, 8), "float32")
+    attention(x, x, training=True)
+    assert calls == [(2, 2, 3, 3)]  # the attention probabilities went through it
+    checkpoint = tf.train.Checkpoint(attention=attention)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    fresh = keras.layers.MultiHeadAttention(2, 4, dropout=0.5)
+    fresh.build((2, 3, 8), (2, 3, 8))  # Keras's own dropout: the same names
+    tf.train.Checkpoint(attention=fresh).read(path).assert_consumed()
 
 
 def test_mask_and_loss_helpers():

@@ -15,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from tfdist.models.activations import GELU_FORMS
+from tfdist.models.dropout import BitsDropout, use_bits_dropout
 from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.sharded_embedding import ShardedEmbedding
 
@@ -128,7 +129,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         else:
             self.token_embedding = keras.layers.Embedding(
                 self.vocab_size, self.d_model, dtype=self.dtype_policy, name="token_embedding")
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = BitsDropout(self.dropout, dtype=self.dtype_policy)
         self._sinusoids = None
 
     def build(self, input_shape):
@@ -232,13 +233,13 @@ class DecoderBlock(keras.layers.Layer):
         self.attention = keras.layers.MultiHeadAttention(
             num_heads=self.num_heads, key_dim=self.d_model // self.num_heads,
             dropout=self.dropout, dtype=policy, name="attention")
-        self.attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.attention_dropout = BitsDropout(self.dropout, dtype=policy)
         self.ffn_norm = LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="ffn_norm")
         self.ffn_in = keras.layers.Dense(self.d_ff, activation=GELU_FORMS[gelu], dtype=policy,
                                          name="ffn_in")
         self.ffn_out = keras.layers.Dense(self.d_model, dtype=policy, name="ffn_out")
-        self.ffn_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.ffn_dropout = BitsDropout(self.dropout, dtype=policy)
 
     def build(self, input_shape):
         if input_shape[-1] != self.d_model:
@@ -248,6 +249,7 @@ class DecoderBlock(keras.layers.Layer):
                 f"be d_model.")
         self.attention_norm.build(input_shape)
         self.attention.build(input_shape, input_shape)
+        use_bits_dropout(self.attention)
         self.ffn_norm.build(input_shape)
         self.ffn_in.build(input_shape)
         self.ffn_out.build(tuple(input_shape[:-1]) + (self.d_ff,))

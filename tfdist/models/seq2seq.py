@@ -27,6 +27,7 @@ from keras import ops
 
 from tfdist.models.config_checks import check_transformer_fields, is_int
 from tfdist.models.activations import GELU_FORMS
+from tfdist.models.dropout import BitsDropout, use_bits_dropout
 from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.layers import POSITION_EMBEDDINGS, PaddingMask, sinusoidal_position_table
 
@@ -248,7 +249,7 @@ class AddPositions(keras.layers.Layer):
         self.d_model = int(d_model)
         self.position_embedding = position_embedding
         self.dropout = float(dropout)
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = BitsDropout(self.dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         if input_shape[-2] is not None and input_shape[-2] > self.max_len:
@@ -304,7 +305,7 @@ class _Block(keras.layers.Layer):
         self.ffn_in = keras.layers.Dense(self.d_ff, activation=GELU_FORMS[gelu], dtype=policy,
                                          name="ffn_in")
         self.ffn_out = keras.layers.Dense(self.d_model, dtype=policy, name="ffn_out")
-        self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.residual_dropout = BitsDropout(self.dropout, dtype=policy)
 
     def _norm(self, name):
         return LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
@@ -356,6 +357,7 @@ class EncoderBlock(_Block):
     def build(self, input_shape):
         self.self_attention_norm.build(input_shape)
         self.self_attention.build(input_shape, input_shape)
+        use_bits_dropout(self.self_attention)
         self.ffn_norm.build(input_shape)
         self.ffn_in.build(input_shape)
         self.ffn_out.build(tuple(input_shape[:-1]) + (self.d_ff,))
@@ -404,8 +406,10 @@ class CrossAttentionDecoderBlock(_Block):
             encoder_output_shape = x_shape
         self.self_attention_norm.build(x_shape)
         self.self_attention.build(x_shape, x_shape)
+        use_bits_dropout(self.self_attention)
         self.cross_attention_norm.build(x_shape)
         self.cross_attention.build(x_shape, encoder_output_shape)
+        use_bits_dropout(self.cross_attention)
         self.ffn_norm.build(x_shape)
         self.ffn_in.build(x_shape)
         self.ffn_out.build(tuple(x_shape[:-1]) + (self.d_ff,))

@@ -11,7 +11,8 @@ upgrade moves an internal. A TensorFlow or Keras upgrade then means reading
 this package and running that test, not grepping the package.
 
 One module per topic: `keras_import`, `keras_optimizer`, `keras_losses`,
-`keras_model`, `keras_data`, `keras_callbacks`, `tf_distribute`, `tf_data`, `tf_runtime`.
+`keras_model`, `keras_layers`, `keras_data`, `keras_callbacks`, `tf_distribute`,
+`tf_data`, `tf_runtime`.
 Importing `tfdist.seam` imports neither TensorFlow nor Keras; each function
 does when called (`ProgbarLoggerHooks`, a Keras class, loads on first use).
 
@@ -28,6 +29,7 @@ from tfdist.seam.keras_data import (keras_array_adapter, keras_can_convert_array
                                     keras_sliceable, keras_sparse_rows,
                                     keras_train_validation_split)
 from tfdist.seam.keras_import import keras_import_without_matplotlib
+from tfdist.seam.keras_layers import attention_dropout_layer, replace_attention_dropout_layer
 from tfdist.seam.keras_losses import (compile_loss_entries, compile_loss_entries_replaced,
                                       declare_metric_direction, get_keras_mask,
                                       keras_loss_function_wrapper, keras_loss_scaling_disabled,
@@ -67,6 +69,7 @@ from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_ser
 __all__ = [
     "ProgbarLoggerHooks",
     "adam_moments",
+    "attention_dropout_layer",
     "backup_and_restore_position",
     "callback_model",
     "checkpoint_state",
@@ -121,6 +124,7 @@ __all__ = [
     "parameter_server_count",
     "per_replica_value_spec",
     "producing_layer_name",
+    "replace_attention_dropout_layer",
     "restore_weight_decay_method",
     "save_on_read_variables_with_one_reduction",
     "sequential_graph",
