@@ -1,7 +1,8 @@
 """Preemption and restarts, with real processes and signals (as TensorFlow's own
 failure_handling tests do): SIGTERM/SIGINT at a random step make every worker
 back up at one step and exit 143; rerunning ends with the weights of an
-uninterrupted run, to the bit. Before the first step a signal stops at once."""
+uninterrupted run, to the bit, dropout included. Before the first step a
+signal stops at once."""
 
 import json
 import os
@@ -22,8 +23,9 @@ from helpers.processes import finish, newest_backup, wait_for_backup
 from tfdist.callbacks import latest_backup
 
 PREEMPTED = 143
+# With dropout: a resumed run must draw on from the backed-up seed generators.
 SHORT = ["--epochs", "2", "--steps-per-epoch", "30", "--warmup-steps", "5", "--verbose", "2",
-         "--precision", "float32", "--backup-every", "5"]
+         "--precision", "float32", "--backup-every", "5", "--dropout", "0.1"]
 STOPPED = re.compile(r"Stopped by (SIGTERM|SIGINT) in epoch (\d+) after step (\d+): backup written "
                      r"at global step (\d+) in .* \((?:ckpt-\d+|written by the chief)\)\. Rerun the "
                      r"same command to resume from it\.")

@@ -49,7 +49,8 @@ class BackupAndResume(keras.callbacks.Callback):
       optimizer (its slots, `iterations`, the learning rate and a
       `LossScaleOptimizer`'s dynamic scale), the epoch, the step in the
       epoch, the global step, the data position (which data iterator, and
-      the batches drawn from it) and the epoch's metric totals. With
+      the batches drawn from it), the epoch's metric totals and the model's
+      seed generators (each `Dropout`'s: `random_seed_states`). With
       tfdist's `Trainer` the restarted `fit` starts at that epoch *and
       step*: it re-creates the earlier epochs' iterators (so a seeded
       `shuffle` that reshuffles every epoch is at the same order) and draws
