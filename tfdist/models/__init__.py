@@ -7,6 +7,7 @@ Example:
 """
 
 from tfdist.models.batch_norm import FusedBatchNormalization
+from tfdist.models.dropout import BitsDropout, use_bits_dropout
 from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.layers import DecoderBlock, PaddingMask, TokenAndPositionEmbedding
 from tfdist.models.layout_maps import decoder_lm_layout_map, resnet_layout_map
@@ -32,6 +33,8 @@ from tfdist.models.transformer_lm import (
 )
 
 __all__ = [
+    "BitsDropout",
+    "use_bits_dropout",
     "decoder_lm_layout_map",
     "RESNET_NAMES",
     "SEQ2SEQ_SIZES",
