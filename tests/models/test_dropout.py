@@ -13,7 +13,7 @@ from tfdist.models.layers import DecoderBlock, TokenAndPositionEmbedding
 from tfdist.models.seq2seq import CrossAttentionDecoderBlock, EncoderBlock
 
 
-def test_the_threshold_is_the_rate_in_sixty_fifths_of_a_thousand_and_never_drops_all():
+def test_the_threshold_is_the_rate_in_65536ths_and_never_drops_everything():
     assert keep_threshold(0.1) == 6554
     assert keep_threshold(0.5) == 32768
     assert keep_threshold(0.0) == 0
