@@ -478,7 +478,7 @@ def test_an_attention_dropout_layer_is_replaced_in_place_and_used(tmp_path):
     seam.replace_attention_dropout_layer(attention, Recording(0.5))
     assert seam.attention_dropout_layer(attention) is not old
     assert len(attention.variables) == count  # one seed generator out, one in
-    assert old not in attention._flatten_layers(include_self=False)
+    assert old not in seam.direct_sublayers(attention)
     with pytest.raises(ValueError, match="already built"):
         attention.extra = keras.layers.Dense(1)  # still locked, as a built layer is
     x = np.ones((2, 3, 8), "float32")

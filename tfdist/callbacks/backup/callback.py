@@ -365,11 +365,8 @@ class BackupAndResume(keras.callbacks.Callback):
         seeds = random_seed_states(self.model)
         if not seeds:
             return
-        try:
-            status = tf.train.Checkpoint(random_seeds=seeds).read(path)
-            status.expect_partial()
-            status.assert_existing_objects_matched()
-        except (AssertionError, tf.errors.OpError, ValueError) as error:
+        error = _read_part(path, random_seeds=seeds)
+        if error is not None:
             warnings.warn(
                 f"BackupAndResume: the model's {len(seeds)} random seed generator(s) (dropout's, "
                 f"for one) were not restored from {path} ({summarize_error(error)}: a backup "
@@ -441,12 +438,8 @@ class BackupAndResume(keras.callbacks.Callback):
         self._resume_epoch = None
         if self._restore_metrics_from is not None:
             path, self._restore_metrics_from = self._restore_metrics_from, None
-            metrics = tf.train.Checkpoint(metrics=list(self.model.metrics_variables))
-            try:
-                status = metrics.read(path)
-                status.expect_partial()
-                status.assert_existing_objects_matched()
-            except (AssertionError, tf.errors.OpError, ValueError) as error:
+            error = _read_part(path, metrics=list(self.model.metrics_variables))
+            if error is not None:
                 warnings.warn(
                     f"BackupAndResume: the epoch's metric totals were not restored from {path} "
                     f"({summarize_error(error)}); the logs of epoch {epoch} "
@@ -602,6 +595,25 @@ class _Position(tf.Module):
     def set(self, values):
         for name, value in values.items():
             getattr(self, name).assign(value)
+
+
+def _read_part(path, **parts):
+    """Restores `parts` (name -> variables, as saved beside the model) from the backup
+    at `path`; returns None, or the error that says why they were not all restored
+    (the backup lacks them, or their shapes differ).
+
+    Example:
+
+    >>> _read_part("backup/ckpt-3", metrics=list(model.metrics_variables)) is None
+    True
+    """
+    try:
+        status = tf.train.Checkpoint(**parts).read(path)
+        status.expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, tf.errors.OpError, ValueError) as error:
+        return error
+    return None
 
 
 def _is_int(value, minimum):
