@@ -28,7 +28,13 @@ COMMANDS = {
 
 
 def usage():
-    """The command list shown for `tfdist --help` or a bad sub-command."""
+    """The command list shown for `tfdist --help` or a bad sub-command.
+
+    Example:
+
+    >>> print(usage().splitlines()[0])
+    usage: tfdist COMMAND [ARGS...]
+    """
     lines = ["usage: tfdist COMMAND [ARGS...]", "       tfdist --version", "", "commands:"]
     lines += [f"  {name:<14} {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", "options:", f"  {'-h, --help':<14} show this list",

@@ -34,6 +34,13 @@ class DivergenceError(LossStopError):
         step: training batches run since the start of training, including
             this one (across resumed runs, as `BackupAndResume`'s global step).
         iterations: `model.optimizer.iterations` when it fired, or None.
+
+    Example:
+
+        try:
+            trainer.fit(data, epochs=3, callbacks=[DivergenceGuard()])
+        except DivergenceError as error:
+            print(error.name, error.value, error.level, error.rule)
     """
 
     FIELDS = ("name", "value", "level", "factor", "rule", "epoch", "batch", "step",

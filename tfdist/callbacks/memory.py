@@ -16,7 +16,15 @@ MB = 1024 * 1024
 
 
 class MemoryUsageWarning(UserWarning):
-    """A memory figure passed the configured fraction of its limit."""
+    """A memory figure passed the configured fraction of its limit.
+
+    Example:
+
+        import warnings
+
+        warnings.simplefilter("error", MemoryUsageWarning)  # stop the run instead
+        trainer.fit(data, callbacks=[DeviceMemoryMonitor(warn_fraction=0.9)])
+    """
 
 
 class DeviceMemoryMonitor(keras.callbacks.Callback):

@@ -21,6 +21,13 @@ class NonFiniteLossError(LossStopError):
             this one (the 0-based global step of the batch).
         iterations: `model.optimizer.iterations` when it was seen (counts
             optimizer steps across resumed runs), or None.
+
+    Example:
+
+        try:
+            trainer.fit(data, epochs=3, callbacks=[NanGuard()])
+        except NonFiniteLossError as error:
+            print(f"{error.name} was {error.value} at step {error.step}")
     """
 
     FIELDS = ("name", "value", "epoch", "batch", "step", "iterations")

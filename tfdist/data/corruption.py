@@ -66,7 +66,15 @@ _OFFSET = re.compile(r"(corrupted|truncated) record at (\d+)")
 
 
 class CorruptDataError(ValueError):
-    """Input data cannot be read; the message names the file(s) and the way out."""
+    """Input data cannot be read; the message names the file(s) and the way out.
+
+    Example:
+
+        try:
+            check_tfrecord_tails(files)
+        except CorruptDataError as error:
+            print(error)  # names the damaged file(s) and --skip-corrupt-records
+    """
 
 
 @dataclasses.dataclass(frozen=True)

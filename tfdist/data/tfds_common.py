@@ -15,7 +15,15 @@ from tfdist.data import sharding
 
 
 class DatasetNotPreparedError(FileNotFoundError):
-    """A TFDS dataset is not on disk and downloading was not allowed."""
+    """A TFDS dataset is not on disk and downloading was not allowed.
+
+    Example:
+
+        try:
+            builder = prepared_builder("cifar10", data_dir="/data/tfds")
+        except DatasetNotPreparedError as error:
+            print(error)  # says how to prepare it or allow the download
+    """
 
 
 def import_tfds():

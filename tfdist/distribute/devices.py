@@ -13,7 +13,15 @@ from tfdist.distribute.device_limits import check_device_count
 
 
 class DeviceConfigError(RuntimeError):
-    """The requested device layout cannot be provided in this process."""
+    """The requested device layout cannot be provided in this process.
+
+    Example:
+
+        try:
+            split_cpu_into_logical_devices(2)  # after TensorFlow set up its devices
+        except DeviceConfigError as error:
+            print(error)
+    """
 
 
 def gpu_count():

@@ -25,7 +25,15 @@ TCP_TIME_WAIT = "06"
 
 
 class PortInUseError(RuntimeError):
-    """A server cannot listen on a port; the message names it and who holds it."""
+    """A server cannot listen on a port; the message names it and who holds it.
+
+    Example:
+
+        try:
+            check_port_free(12345, who="worker 0")
+        except PortInUseError as error:
+            print(error)  # names the port and the process that holds it
+    """
 
 
 def bind_error(port):

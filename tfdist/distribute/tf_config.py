@@ -21,11 +21,27 @@ TRAINING_TASK_TYPES = ("chief", "worker")
 
 
 class StrategyStartupError(RuntimeError):
-    """A multi-worker or parameter-server cluster did not form within the deadline."""
+    """A multi-worker or parameter-server cluster did not form within the deadline.
+
+    Example:
+
+        try:
+            strategy = create_strategy("multi_worker_mirrored")
+        except StrategyStartupError as error:
+            print(error)  # names the tasks that never answered
+    """
 
 
 class TFConfigError(ValueError):
-    """TF_CONFIG is malformed; the message names the field and the bad value."""
+    """TF_CONFIG is malformed; the message names the field and the bad value.
+
+    Example:
+
+        try:
+            parse_tf_config('{"cluster": ')
+        except TFConfigError as error:
+            print(error)  # TF_CONFIG is not valid JSON: ... at line 1 column 13 ...
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,15 @@ _IFF_UP = 0x1
 
 
 class PrivateNetworkError(OSError):
-    """The private network namespace could not be made here; the message says why."""
+    """The private network namespace could not be made here; the message says why.
+
+    Example:
+
+        try:
+            enter_private_network()
+        except PrivateNetworkError as error:
+            print(error)  # for example: no user namespaces on this machine
+    """
 
 
 def enter_private_network():

@@ -62,7 +62,14 @@ examples:
 
 
 def build_data(config):
-    """Training and validation image sources from `--dataset` and `--validation-dataset`."""
+    """Training and validation image sources from `--dataset` and `--validation-dataset`.
+
+    Example:
+
+    >>> data = build_data(config)  # config: the recipe's parsed flags
+    >>> data.info["num_classes"], data.info["image_size"]  # the embedded shapes
+    (8, (32, 32, 3))
+    """
     from tfdist.data import dataset_scheme, make_source, make_validation_source, skip_corrupt_option
 
     options = {"image_size": config.image_size}
@@ -91,7 +98,15 @@ def build_data(config):
 
 def build_model(config, data):
     """The ResNet for the data (inside the strategy scope), its loss and accuracy
-    (`tfdist.models.builders.build_image_classifier`)."""
+    (`tfdist.models.builders.build_image_classifier`).
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     built = build_model(config, build_data(config))
+    >>> built.model.name
+    'resnet_tiny'
+    """
     from tfdist.models.builders import build_image_classifier
 
     return build_image_classifier(config.model, data.info["num_classes"], data.info["image_size"],

@@ -39,7 +39,15 @@ PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "con
 
 
 class ConfigError(ValueError):
-    """A recipe option or config file is invalid; the message says which and why."""
+    """A recipe option or config file is invalid; the message says which and why.
+
+    Example:
+
+        try:
+            config = parse_config(["--epochs", "none"], COMMON_OPTIONS, "demo")
+        except ConfigError as error:
+            print(error)  # names --epochs and what it takes
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,15 @@ PROG = "tfdist translate"
 
 
 class NotATranslationRun(ValueError):
-    """The model directory cannot be translated with (the message says why and what to do)."""
+    """The model directory cannot be translated with (the message says why and what to do).
+
+    Example:
+
+        try:
+            setup = read_translation_setup("runs/lm")
+        except NotATranslationRun as error:
+            print(error)  # says what the folder is missing and which run writes it
+    """
 
 
 def translation_setup(config, info):

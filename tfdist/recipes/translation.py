@@ -218,7 +218,14 @@ def bleu_sentence_count(config):
 def build_data(config):
     """The training and validation splits (the embedded language pair, or text:/tfds: data
     through `build_pair_data`), and the BLEU/chrF of copying the source on the decoded
-    validation sentences (the trivial baseline)."""
+    validation sentences (the trivial baseline).
+
+    Example:
+
+    >>> data = build_data(config)  # config: the recipe's parsed flags
+    >>> sorted(data.info)[:2]
+    ['source_length', 'target_length']
+    """
     if config.dataset not in EMBEDDED_DATASETS:
         return build_pair_data(config)
     from tfdist.data import TranslationTaskSource
@@ -345,7 +352,15 @@ def build_pair_data(config):
 
 def build_model(config, data):
     """The encoder-decoder sized by `--model-size` for the data, its label-smoothed
-    masked loss and masked token accuracy (`tfdist.models.builders.build_translation_model`)."""
+    masked loss and masked token accuracy (`tfdist.models.builders.build_translation_model`).
+
+    Example:
+
+    >>> with strategy.scope():
+    ...     built = build_model(config, build_data(config))
+    >>> type(built.model).__name__
+    'Functional'
+    """
     from tfdist.models.builders import build_translation_model
 
     info = data.info
@@ -377,7 +392,13 @@ def quality_callbacks(config, data, built, info):
 
 def train_examples(config):
     """Training sentence pairs of the embedded task, known before reading any data
-    (None for text:/tfds: data)."""
+    (None for text:/tfds: data).
+
+    Example:
+
+    >>> train_examples(config)  # the embedded pair: --num-examples
+    6144
+    """
     return config.num_examples if config.dataset in EMBEDDED_DATASETS else None
 
 

@@ -52,7 +52,15 @@ ALLOW_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 
 
 class GpuMemoryError(RuntimeError):
-    """The GPU memory setting cannot be applied in this process; the message says why."""
+    """The GPU memory setting cannot be applied in this process; the message says why.
+
+    Example:
+
+        try:
+            apply_gpu_memory("growth")
+        except GpuMemoryError as error:
+            print(error)  # for example: the GPUs were initialised before
+    """
 
 
 @dataclasses.dataclass(frozen=True)

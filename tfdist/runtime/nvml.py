@@ -39,7 +39,15 @@ INSTALL_HINT = 'pip install nvidia-ml-py (or pip install "tfdist[cuda]")'
 
 
 class NvmlUnavailable(RuntimeError):
-    """NVML figures cannot be read in this process; the message says why and what to do."""
+    """NVML figures cannot be read in this process; the message says why and what to do.
+
+    Example:
+
+        try:
+            nvml = load_nvml()
+        except NvmlUnavailable as error:
+            print(error)  # for example: no NVIDIA driver library on this machine
+    """
 
 
 def load_nvml():

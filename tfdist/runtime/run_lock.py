@@ -34,7 +34,15 @@ logger = logging.getLogger("tfdist")
 
 
 class ModelDirInUseError(ValueError):
-    """Another run holds the lock of the model directory; the message names it."""
+    """Another run holds the lock of the model directory; the message names it.
+
+    Example:
+
+        try:
+            lock = acquire("runs/lm", "python -m tfdist.recipes.transformer")
+        except ModelDirInUseError as error:
+            print(error)  # names the directory and the run that holds it
+    """
 
 
 class RunLock:

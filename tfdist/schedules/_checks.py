@@ -5,7 +5,13 @@ import numbers
 
 
 def check_int(owner, name, value, minimum):
-    """Returns `value` as an int if it is an integer >= `minimum`, else raises."""
+    """Returns `value` as an int if it is an integer >= `minimum`, else raises.
+
+    Example:
+
+    >>> check_int("WarmupSchedule", "warmup_steps", 100, 0)
+    100
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(
             f"{owner}: `{name}` must be an integer >= {minimum}. "
@@ -23,6 +29,11 @@ def check_float(owner, name, value, minimum=0.0, strict=False):
     """Returns `value` as a float if it is a finite real number above `minimum`.
 
     `strict=True` means `value > minimum`, else `value >= minimum`.
+
+    Example:
+
+    >>> check_float("WarmupSchedule", "peak", 1e-3, strict=True)
+    0.001
     """
     relation = ">" if strict else ">="
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -40,7 +51,13 @@ def check_float(owner, name, value, minimum=0.0, strict=False):
 
 
 def check_choice(owner, name, value, choices):
-    """Returns `value` if it is one of `choices`, else raises listing them."""
+    """Returns `value` if it is one of `choices`, else raises listing them.
+
+    Example:
+
+    >>> check_choice("WarmupSchedule", "shape", "linear", ("linear", "cosine"))
+    'linear'
+    """
     if value not in choices:
         raise ValueError(
             f"{owner}: `{name}` must be one of {', '.join(repr(c) for c in choices)}. "

@@ -72,7 +72,15 @@ _CHIEF_STEPS = weakref.WeakKeyDictionary()
 
 
 class ParameterServerLostError(RuntimeError):
-    """A parameter server (or the chief's link to the cluster) was lost during training."""
+    """A parameter server (or the chief's link to the cluster) was lost during training.
+
+    Example:
+
+        try:
+            trainer.fit(data, epochs=3)   # under ParameterServerStrategy
+        except ParameterServerLostError as error:
+            print(error)  # names the lost task; rerun to resume from the backup
+    """
 
 
 def check_parameter_server_trainer(trainer):

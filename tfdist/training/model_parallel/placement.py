@@ -42,7 +42,15 @@ from tfdist.training.optimizer import optimizer_chain
 
 
 class StagePlacementError(RuntimeError):
-    """The devices or the optimizer state that stages need are not available."""
+    """The devices or the optimizer state that stages need are not available.
+
+    Example:
+
+        try:
+            place_stages(stages, model, optimizer)
+        except StagePlacementError as error:
+            print(error)  # names the stage and the device it lacks
+    """
 
 
 def stage_devices(strategy, num_stages):

@@ -55,7 +55,15 @@ SPLIT_RULES = ("stage_boundaries", "repeated blocks", "parameter balance")
 
 
 class StageSplitError(ValueError):
-    """A model cannot be split into the stages asked for; the message says why and the way out."""
+    """A model cannot be split into the stages asked for; the message says why and the way out.
+
+    Example:
+
+        try:
+            stages = split_model(model, plan)
+        except StageSplitError as error:
+            print(error)  # says why and the way out, e.g. fewer stages
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +394,11 @@ class StageGraph:
             earlier stages produced (the loss consumes them here); else empty.
         variables: the Keras variables of its layers (trainable and not).
         trainable_variables: the trainable ones.
+
+    Example:
+
+    >>> [stage.index for stage in split_model(model, plan)]  # a plan of 2 stages
+    [0, 1]
     """
 
     index: int

@@ -75,7 +75,15 @@ from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW, 
 
 
 class ShardLayoutError(ValueError):
-    """A layout asks for a split tfdist cannot do; the message names the layer, the path and why."""
+    """A layout asks for a split tfdist cannot do; the message names the layer, the path and why.
+
+    Example:
+
+        try:
+            plan = plan_shards(model, layout_map, num_shards=2)
+        except ShardLayoutError as error:
+            print(error)  # names the layer, the variable path and why
+    """
 
 
 @dataclasses.dataclass(frozen=True)

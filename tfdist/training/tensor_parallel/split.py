@@ -46,7 +46,15 @@ SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D, VocabP
 
 
 class ShardPlacementError(RuntimeError):
-    """This worker has fewer devices than the tensor-parallel degree asks for."""
+    """This worker has fewer devices than the tensor-parallel degree asks for.
+
+    Example:
+
+        try:
+            devices = shard_devices(4)
+        except ShardPlacementError as error:
+            print(error)
+    """
 
 
 def shard_devices(num_shards):
