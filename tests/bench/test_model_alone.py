@@ -3,6 +3,8 @@ speed goals' ceiling: it computes the real gradients for its fixed upstream
 gradient, consumes one batch a step, and is refused where it would measure
 something else. Its place in `tfdist bench engine --goals`: test_bench_cli.py."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -30,6 +32,9 @@ def test_the_gradients_are_the_models_for_the_fixed_upstream_gradient():
     # y = x W + b, so dL/dW = x^T U and dL/db = sum of U's rows for upstream U.
     np.testing.assert_allclose(kernel_gradient, inputs.T @ upstream, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(bias_gradient, upstream.sum(axis=0), rtol=1e-5, atol=1e-9)
+    # The outputs are computed too: their first value comes back with the gradients.
+    (first,) = step.output_values
+    np.testing.assert_allclose(first.numpy(), model(inputs).numpy()[0, 0], rtol=1e-6)
 
 
 def test_the_upstream_gradient_is_made_once_per_shape():
@@ -81,3 +86,8 @@ def test_the_workloads_model_alone_runs_and_is_profiled_around_its_own_loop(tmp_
     names = " ".join(name for events in read_xspace(path).values() for name, _, _ in events)
     assert "MatMul" in names
     assert "SoftmaxCrossEntropyWithLogits" not in names and "ApplyAdam" not in names
+    # The forward ops that only make the outputs run too, though the gradients need
+    # none of their values: the output layer's matmul, outside the gradient tape's ops.
+    forward = [name for events in read_xspace(path).values() for name, _, _ in events
+               if re.search(r"lm_head[^/]*/Tensordot/MatMul:", name) and "gradient_tape" not in name]
+    assert forward, sorted({n for n in names.split() if "lm_head" in n})
