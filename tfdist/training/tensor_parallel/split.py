@@ -10,7 +10,8 @@ it is built (the clone keeps an unbuilt, weightless Dense in its layer list,
 which saving and checkpoints skip). Replicated layers are plain clones; their variables
 and their computation are on the first device (TensorFlow's default device,
 where ops without a device run). `gather_weights` copies the trained weights
-back into the original model (each split kernel gathered from its shards).
+back into the original model (each split kernel gathered from its shards),
+`scatter_weights` the other way.
 
 The original model keeps its full weights (it is the source of the split);
 for a model too big for one accelerator, build it on the host
@@ -126,11 +127,7 @@ def split_model(model, plan):
 
     with tf.device(plan.devices[0]):
         split = keras.models.clone_model(model, clone_function=clone)
-    for original, copy in _dense_pairs(model, split):
-        if isinstance(copy, SHARDED_LAYERS):
-            copy.load_from(original)
-        else:
-            copy.set_weights(original.get_weights())
+    scatter_weights(model, split)
     return split
 
 
@@ -186,6 +183,22 @@ def _replace_inner_dense(original, copy, shard, devices):
     layer = getattr(original, attribute)
     delattr(copy, attribute)
     setattr(copy, attribute, sharded_layer(layer, shard.style, devices, shard.einsum_letter))
+
+
+def scatter_weights(model, split):
+    """Copies `model`'s weights into its split copy (each split kernel cut into its shards):
+    the reverse of `gather_weights`.
+
+    Example:
+
+    >>> model.load_weights("model.weights.h5")
+    >>> scatter_weights(model, trainer.model)
+    """
+    for original, copy in _dense_pairs(model, split):
+        if isinstance(copy, SHARDED_LAYERS):
+            copy.load_from(original)
+        else:
+            copy.set_weights(original.get_weights())
 
 
 def gather_weights(split, model):
