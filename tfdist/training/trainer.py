@@ -36,6 +36,7 @@ from tfdist.training.model_parallel.placement import (deferred_build, outside_st
 from tfdist.training.model_parallel.stages import plan_stages, split_model
 from tfdist.training.tensor_parallel import layout as tensor_layout
 from tfdist.training.tensor_parallel import split as tensor_split
+from tfdist.training.tensor_parallel.whole import save_as_whole
 from tfdist.training.tensor_parallel.steps import WorkerReplicaStepFunctions
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
@@ -229,9 +230,15 @@ class Trainer:
         for opt in optimizer_chain(split.optimizer):
             set_optimizer_strategy(opt, default_strategy())
         self.model = split
+        save_as_whole(split, model, build_optimizer=self._build_split_optimizer)
         self.hooks = own_hooks(split)
         self._use_compiled_settings(compile_model(split, self.strategy))
         self._followed = ModelState.of(split)
+
+    def _build_split_optimizer(self):
+        """Builds the split copy's optimizer, each slot next to its shard (tensor_parallel > 1)."""
+        with self._variable_scope():
+            self.optimizer.build(self.model.trainable_variables)
 
     def _variable_scope(self):
         """Where the model's variables (metrics, optimizer slots) are created: the

@@ -411,4 +411,5 @@ def check_tensor_parallel_settings(model, strategy, *, tensor_parallel, model_pa
         raise ValueError(
             f"The optimizer {optimizer.name!r} is already built (its slot variables belong "
             f"to the unsplit weights). Give the tensor_parallel={k} Trainer a fresh optimizer "
-            "(model.compile(optimizer=...) or Trainer(optimizer=...)).")
+            "(model.compile(optimizer=...) or Trainer(optimizer=...)); to keep a saved "
+            "optimizer state, call trainer.model.load_weights(path) after that.")
