@@ -37,7 +37,8 @@ def assert_same_state(ours, reference):
 
 def checkpointed_run(tmp_path, tensor_parallel):
     """Two epochs of the MLP with Adam, `ModelCheckpoint` writing a .keras file and a
-    weights file after each; returns the two files' paths."""
+    weights file after each, then `model.save` of the model as built; returns the three
+    files' paths."""
     model = mlp(adam())
     extra = dict(tensor_parallel=2, layout_map=layout()) if tensor_parallel else {}
     whole = tmp_path / f"tp{tensor_parallel}.keras"
@@ -47,7 +48,9 @@ def checkpointed_run(tmp_path, tensor_parallel):
         x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
         callbacks=[keras.callbacks.ModelCheckpoint(str(whole)),
                    keras.callbacks.ModelCheckpoint(str(weights), save_weights_only=True)])
-    return whole, weights
+    after = tmp_path / f"tp{tensor_parallel}_after.keras"
+    model.save(after)
+    return whole, weights, after
 
 
 def loaded_weights(path):
@@ -59,18 +62,22 @@ def loaded_weights(path):
 
 
 def test_model_checkpoints_of_a_split_run_load_as_built_and_equal_one_device(tmp_path):
-    one_file, one_weights = checkpointed_run(tmp_path, tensor_parallel=False)
-    two_file, two_weights = checkpointed_run(tmp_path, tensor_parallel=True)
+    one_file, one_weights, one_after = checkpointed_run(tmp_path, tensor_parallel=False)
+    two_file, two_weights, two_after = checkpointed_run(tmp_path, tensor_parallel=True)
     one, two = keras.saving.load_model(one_file), keras.saving.load_model(two_file)
     assert [layer.__class__.__name__ for layer in two.layers] == [
         layer.__class__.__name__ for layer in one.layers]  # Dense, not ShardedDense
     assert int(two.optimizer.iterations.numpy()) == 8
     assert_same_state(two, one)
     assert_same_state(loaded_weights(two_weights), loaded_weights(one_weights))
+    assert_same_state(keras.saving.load_model(two_after), keras.saving.load_model(one_after))
 
 
-@pytest.mark.parametrize("trained_first", [False, True], ids=["fresh", "trained"])
-def test_weights_loaded_into_the_split_copy_train_on_like_one_device(tmp_path, trained_first):
+@pytest.mark.parametrize("trained_first, through", [(False, "split copy"), (True, "split copy"),
+                                                    (False, "model")],
+                         ids=["fresh", "trained", "through the model"])
+def test_weights_loaded_into_the_split_copy_train_on_like_one_device(tmp_path, trained_first,
+                                                                     through):
     x, y = arrays()
     saved = tmp_path / "after_one_epoch.keras"
     one = mlp(adam())
@@ -85,7 +92,7 @@ def test_weights_loaded_into_the_split_copy_train_on_like_one_device(tmp_path, t
     trainer = Trainer(two, tensor_parallel=2, layout_map=layout())
     if trained_first:
         trainer.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
-    trainer.model.load_weights(saved)
+    (trainer.model if through == "split copy" else two).load_weights(saved)
     assert int(trainer.model.optimizer.iterations.numpy()) == 4
     slots, _ = slots_by_variable(trainer.model.optimizer, trainer.model.trainable_variables)
     for kernel in trainer.model.get_layer("up").kernels:  # each moment next to its shard

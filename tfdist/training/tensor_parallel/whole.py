@@ -9,7 +9,9 @@ and the optimizer's state gathered too (each slot variable the
 concatenation of its shards' slots, as the weights are), so the file loads
 into the model as built, on any number of devices, and equals what one
 device would have written. `trainer.model.load_weights(...)` reads such a
-file into `model` and cuts it into the shards.
+file into `model` and cuts it into the shards. `model`'s own `save`,
+`save_weights` and `load_weights` do the same while it shares its optimizer
+with the split copy.
 
 Example:
 
@@ -22,11 +24,20 @@ import contextlib
 
 import numpy as np
 
+from tfdist.training.model_parallel.placement import outside_strategy_scopes, plain_variables
 from tfdist.training.tensor_parallel.split import gather_weights, scatter_weights
 
 
 def save_as_whole(split, model, build_optimizer=None):
-    """Makes `split.save`, `split.save_weights` and `split.load_weights` act on `model`.
+    """Makes `save`, `save_weights` and `load_weights` of `split` and of `model` act on the
+    model as built, the split copy's weights and optimizer state gathered or cut into it.
+
+    On `split` (what Keras callbacks see): the weights are gathered into
+    `model` and `model` is saved, with an optimizer holding the gathered
+    state. On `model`, as long as it shares its optimizer with `split` (the
+    Trainer's arrangement): saving writes the gathered optimizer state, not
+    the shards', and `load_weights` also reaches the shards, so a model
+    loaded after the Trainer was built trains from what was loaded.
 
     Args:
         split: the split copy (`trainer.model` with tensor_parallel > 1).
@@ -39,48 +50,57 @@ def save_as_whole(split, model, build_optimizer=None):
     >>> save_as_whole(trainer.model, model)
     >>> trainer.model.save_weights("model.weights.h5")   # model's weights, gathered
     """
+    whole_class = type(model)
+
+    def split_current():
+        return model.optimizer is not None and model.optimizer is split.optimizer
 
     @contextlib.contextmanager
-    def gathered():
+    def gathered(weights):
         kept = model.optimizer
-        if kept is not None and kept.built:
+        if split_current() and kept.built:
             model.optimizer = gathered_optimizer(split, model)
-        gather_weights(split, model)
+        if weights:
+            gather_weights(split, model)
         try:
             yield
         finally:
             model.optimizer = kept
 
-    def save(filepath, *args, **kwargs):
-        with gathered():
-            return model.save(filepath, *args, **kwargs)
-
-    def save_weights(filepath, *args, **kwargs):
-        with gathered():
-            return model.save_weights(filepath, *args, **kwargs)
+    def saver(method, weights):
+        def save(filepath, *args, **kwargs):
+            with gathered(weights):
+                return method(model, filepath, *args, **kwargs)
+        return save
 
     def load_weights(filepath, *args, **kwargs):
-        if build_optimizer is not None and split.optimizer is not None:
-            if not split.optimizer.built:
-                build_optimizer()
-        with gathered():
-            result = model.load_weights(filepath, *args, **kwargs)
-            if model.optimizer is not None and model.optimizer is not split.optimizer:
+        if not split_current():  # the model was compiled again since: no longer split's
+            return whole_class.load_weights(model, filepath, *args, **kwargs)
+        if build_optimizer is not None and not split.optimizer.built:
+            build_optimizer()
+        with gathered(weights=False):
+            result = whole_class.load_weights(model, filepath, *args, **kwargs)
+            if model.optimizer is not split.optimizer:
                 scatter_optimizer(model.optimizer, split, model)
         scatter_weights(model, split)
         return result
 
-    for method in (save, save_weights, load_weights):
-        method.__doc__ = (f"`{method.__name__}` of the model this copy was split from, its "
-                          "weights gathered from (or cut into) the shards.")
-        setattr(split, method.__name__, method)
+    for target, weights in ((split, True), (model, False)):
+        for name, method in (("save", saver(whole_class.save, weights)),
+                             ("save_weights", saver(whole_class.save_weights, weights)),
+                             ("load_weights", load_weights)):
+            method.__name__ = name
+            method.__doc__ = (f"`keras.Model.{name}` of the model as built, its weights and "
+                              "optimizer state gathered from, or cut into, the shards of its "
+                              "tensor-parallel split copy.")
+            setattr(target, name, method)
 
 
 def gathered_optimizer(split, model):
     """A new optimizer for `model` holding the state of `split`'s built optimizer: every
     slot variable gathered from its shards' slots, the other variables (iterations,
-    learning rate) copied. `model` is used as scratch space and left holding the
-    split's weights, gathered.
+    learning rate) copied. `model` is used as scratch space; both models keep their
+    weights.
 
     Example:
 
@@ -89,16 +109,17 @@ def gathered_optimizer(split, model):
     True
     """
     shared = split.optimizer
-    whole = shared.__class__.from_config(shared.get_config())
-    whole.build(model.trainable_variables)
+    with outside_strategy_scopes(), plain_variables():  # as the shards' (a save may run in fit)
+        whole = shared.__class__.from_config(shared.get_config())
+        whole.build(model.trainable_variables)
     _move_state(split, model, whole, gather=True)
     return whole
 
 
 def scatter_optimizer(whole, split, model):
     """Writes the state of `whole`, an optimizer built for `model`, into `split`'s optimizer
-    (each slot cut into its shards' slots): the reverse of `gathered_optimizer`. The
-    split copy is left holding `model`'s weights.
+    (each slot cut into its shards' slots): the reverse of `gathered_optimizer`. Both
+    models keep their weights.
 
     Example:
 
@@ -110,7 +131,8 @@ def scatter_optimizer(whole, split, model):
 
 def _move_state(split, model, whole, *, gather):
     """Copies optimizer state from `split.optimizer` to `whole` (gather) or back: slots
-    through the weights' own gathering or scattering, the other variables as they are."""
+    through the weights' own gathering or scattering (the models' weights stand in for
+    the slots meanwhile, and are put back), the other variables as they are."""
     shared = split.optimizer
     split_slots, split_others = slots_by_variable(shared, split.trainable_variables)
     whole_slots, whole_others = slots_by_variable(whole, model.trainable_variables)
@@ -126,7 +148,7 @@ def _move_state(split, model, whole, *, gather):
     source, target = (split, model) if gather else (model, split)
     source_slots, target_slots = (split_slots, whole_slots) if gather else (whole_slots,
                                                                             split_slots)
-    kept = [np.asarray(variable) for variable in source.trainable_variables]
+    kept = {id(each): [np.asarray(v) for v in each.weights] for each in (split, model)}
     kinds = sorted({kind for slots in split_slots.values() for kind in slots})
     try:
         for kind in kinds:
@@ -141,9 +163,9 @@ def _move_state(split, model, whole, *, gather):
                 if slot is not None:
                     slot.assign(variable)
     finally:
-        for variable, value in zip(source.trainable_variables, kept, strict=True):
-            variable.assign(value)
-        (gather_weights if gather else scatter_weights)(source, target)
+        for each in (split, model):
+            for variable, value in zip(each.weights, kept[id(each)], strict=True):
+                variable.assign(value)
 
 
 def slots_by_variable(optimizer, variables):
