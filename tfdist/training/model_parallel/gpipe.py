@@ -446,11 +446,10 @@ class PipelineStepFunctions(FitLoopSteps):
             with tf.device(stage.device), tf.name_scope(f"stage_{stage.index}/sum"):
                 stage_sums = []
                 for i in range(len(stage.trainable_variables)):
-                    parts = [tf.convert_to_tensor(grads[stage.index][i])
-                             for grads in per_micro_batch
+                    parts = [grads[stage.index][i] for grads in per_micro_batch
                              if grads[stage.index] is not None
                              and grads[stage.index][i] is not None]
-                    total = tf.add_n(parts) if parts else None
+                    total = sum_gradient_parts(parts)
                     stage_sums.append(scale_gradient(total, factor) if factor is not None
                                       else total)
                 sums.append(stage_sums)
@@ -507,8 +506,7 @@ class PipelineStepFunctions(FitLoopSteps):
                         continue
                     g = reduced[position]
                     position += 1
-                    out.append(tf.math.divide_no_nan(g, tf.cast(divisor, g.dtype))
-                               if divisor is not None else g)
+                    out.append(_divide_no_nan(g, divisor) if divisor is not None else g)
                 summed.append(out)
         return summed, totals
 
@@ -519,15 +517,17 @@ class PipelineStepFunctions(FitLoopSteps):
             present = [g for g in grads if g is not None]
             if present:
                 with tf.device(stage.device):
-                    squares.append(tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
-                                             for g in present]))
+                    # A sparse gradient's norm over its slices, as tf.clip_by_global_norm
+                    # (the one-device step's) takes it.
+                    squares.append(tf.add_n([
+                        tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float32)))
+                        for g in present]))
         norm = tf.sqrt(tf.add_n(squares))
         factor = clip * tf.minimum(1.0 / norm, 1.0 / clip)
         clipped = []
         for stage, grads in zip(self.stages, grads_by_stage):
             with tf.device(stage.device):
-                clipped.append([None if g is None else g * tf.cast(factor, g.dtype)
-                                for g in grads])
+                clipped.append([scale_gradient(g, factor) for g in grads])
         return clipped
 
     def _sum_across_workers(self, tensors):
@@ -624,3 +624,40 @@ def _regularization(stage_model):
     if not losses:
         return None
     return tf.add_n([tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses])
+
+
+def sum_gradient_parts(parts):
+    """The sum of one variable's gradients from several micro-batches (None if none).
+
+    Sparse parts (`tf.IndexedSlices`, an embedding's) are joined, every slice
+    kept, as one device's gradient of the whole batch holds one slice per
+    looked-up row: Keras's optimizers square each slice (Adam's second
+    moment), so summing them into one dense tensor first would change the
+    update. Dense parts, or a mix, are added.
+
+    Example:
+
+    >>> sum_gradient_parts([tf.IndexedSlices(a, [0, 2]), tf.IndexedSlices(b, [2])]).indices
+    <tf.Tensor: ... numpy=array([0, 2, 2], dtype=int32)>
+    """
+    if not parts:
+        return None
+    if all(isinstance(part, tf.IndexedSlices) for part in parts):
+        if len(parts) == 1:
+            return parts[0]
+        return tf.IndexedSlices(tf.concat([part.values for part in parts], axis=0),
+                                tf.concat([part.indices for part in parts], axis=0),
+                                parts[0].dense_shape)
+    return tf.add_n([tf.convert_to_tensor(part) for part in parts])
+
+
+def _values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _divide_no_nan(gradient, divisor):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.math.divide_no_nan(gradient.values, tf.cast(divisor, gradient.values.dtype)),
+            gradient.indices, gradient.dense_shape)
+    return tf.math.divide_no_nan(gradient, tf.cast(divisor, gradient.dtype))
