@@ -45,6 +45,17 @@ def transformer(strategy, num_layers=2, seed=0):
     return seeded_weights(model, seed)
 
 
+def transformer_with_adam(strategy, num_layers=2, seed=0):
+    """The tiny decoder LM of `transformer`, compiled with Adam (epsilon 1e-5, so that the
+    rounding of gradients that are zero in exact arithmetic stays below 1e-5)."""
+    model = transformer(strategy, num_layers=num_layers, seed=seed)
+    with strategy.scope():
+        model.compile(keras.optimizers.Adam(1e-3, epsilon=1e-5),
+                      MaskedSparseCategoricalCrossentropy(),
+                      metrics=[MaskedAccuracy(name="accuracy")])
+    return model
+
+
 def token_arrays(n=46, seed=3):
     """Padded token sequences (0 = padding, lengths 1..SEQ: uneven masks) and next-token targets."""
     return train_common.token_arrays(n, seed, vocab=VOCAB, seq=SEQ)

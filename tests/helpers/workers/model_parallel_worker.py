@@ -3,8 +3,10 @@
 Each worker splits its CPU into 2 logical devices, joins a
 MultiWorkerMirroredStrategy with one replica (one device) per worker, and
 trains the tiny Transformer split into 2 stages (2 micro-batches per step):
-2 workers x 2 stage devices. It writes `<out>/rank<R>.npz` (final weights,
-predictions) and `<out>/rank<R>.json` (history, evaluation, stage devices).
+2 workers x 2 stage devices, with SGD and again with Adam. It writes
+`<out>/rank<R>.npz` (final weights, predictions), `<out>/rank<R>_adam.npz`
+(Adam's final weights) and `<out>/rank<R>.json` (histories, evaluation,
+stage devices).
 
 Usage: python tests/helpers/workers/model_parallel_worker.py --out DIR
 """
@@ -47,9 +49,15 @@ def main():
                                     for v in model.get_layer(name).variables})
                for stage in trainer.stage_plan.stages}
     np.savez(os.path.join(args.out, f"rank{rank}.npz"), predictions, *common.weights_of(model))
+    # Adam too: an embedding's gradient crosses the workers as slices, which Adam squares.
+    adam_model = common.transformer_with_adam(strategy)
+    adam_history = Trainer(adam_model, strategy=strategy, model_parallel=2,
+                           micro_batches=2).fit(data, epochs=1, verbose=0)
+    np.savez(os.path.join(args.out, f"rank{rank}_adam.npz"), *common.weights_of(adam_model))
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as stream:
         json.dump({"history": history.history, "evaluate": evaluation, "devices": devices,
-                   "replicas": strategy.num_replicas_in_sync}, stream)
+                   "replicas": strategy.num_replicas_in_sync,
+                   "adam_history": adam_history.history}, stream)
     print(f"worker {rank} done", flush=True)
 
 

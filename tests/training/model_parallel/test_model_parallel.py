@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdist.models import MaskedAccuracy
 from tfdist.training import Trainer
 from tfdist.training.model_parallel.placement import StagePlacementError, variable_bytes_by_device
 from tfdist.training.model_parallel.stages import StageSplitError, plan_stages
@@ -95,14 +94,6 @@ def test_transformer_pipeline_matches_one_device():
                                rtol=1e-4, atol=1e-5)
 
 
-def transformer_with_adam(strategy):
-    model = common.transformer(strategy)
-    with strategy.scope():
-        model.compile(keras.optimizers.Adam(1e-3, epsilon=1e-5), model.loss,
-                      metrics=[MaskedAccuracy(name="accuracy")])
-    return model
-
-
 def test_adam_on_the_token_embedding_matches_one_device():
     # One device gives Keras's Adam one slice per looked-up token, and Adam squares
     # each slice for its second moment; the micro-batches' slices must stay apart too
@@ -110,8 +101,8 @@ def test_adam_on_the_token_embedding_matches_one_device():
     # learning rate differently).
     tokens, targets = common.token_arrays(n=48)
     data = common.dataset((tokens, targets), 12)
-    one = fit(transformer_with_adam, data)
-    two = fit(transformer_with_adam, data, model_parallel=2, micro_batches=3)
+    one = fit(common.transformer_with_adam, data)
+    two = fit(common.transformer_with_adam, data, model_parallel=2, micro_batches=3)
     assert int(two[2].optimizer.iterations.numpy()) == 4
     assert_same(two, one, metrics=("loss", "accuracy"))
 

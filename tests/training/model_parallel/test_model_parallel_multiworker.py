@@ -4,7 +4,8 @@ Two localhost worker processes (MultiWorkerMirroredStrategy, one replica per
 worker), each holding the tiny Transformer split into 2 stages on its 2
 logical CPUs: the gradients of each stage are summed over micro-batches on
 its device, all-reduced across the workers once per step, and the result
-must equal one device training on the same global batches.
+must equal one device training on the same global batches, with SGD and with
+Adam (whose second moment squares each slice of the embedding's gradient).
 """
 
 import os
@@ -37,6 +38,9 @@ def test_two_workers_of_two_stages_match_one_device(tmp_path):
     evaluation = trainer.evaluate(data, return_dict=True, verbose=0)
     predictions = trainer.predict(data, verbose=0)
     reference = common.weights_of(model)
+    adam_model = common.transformer_with_adam(tf.distribute.get_strategy())
+    adam_history = Trainer(adam_model).fit(data, epochs=1, verbose=0).history
+    adam_reference = common.weights_of(adam_model)
 
     for rank in (0, 1):
         log = common_json(tmp_path / f"rank{rank}.json")
@@ -51,6 +55,11 @@ def test_two_workers_of_two_stages_match_one_device(tmp_path):
             arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
         np.testing.assert_allclose(arrays[0], predictions, rtol=1e-4, atol=1e-5)
         for ours, theirs in zip(arrays[1:], reference, strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(log["adam_history"]["loss"], adam_history["loss"], rtol=1e-5)
+        with np.load(tmp_path / f"rank{rank}_adam.npz") as saved:
+            adam_arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        for ours, theirs in zip(adam_arrays, adam_reference, strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
