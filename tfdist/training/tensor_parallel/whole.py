@@ -74,13 +74,14 @@ def save_as_whole(split, model, build_optimizer=None):
         return save
 
     def load_weights(filepath, *args, **kwargs):
-        if not split_current():  # the model was compiled again since: no longer split's
-            return whole_class.load_weights(model, filepath, *args, **kwargs)
-        if build_optimizer is not None and not split.optimizer.built:
+        # Once `model` is compiled again, its optimizer is no longer the split copy's:
+        # then only the weights are cut into the shards.
+        current = split_current()
+        if current and build_optimizer is not None and not split.optimizer.built:
             build_optimizer()
         with gathered(weights=False):
             result = whole_class.load_weights(model, filepath, *args, **kwargs)
-            if model.optimizer is not split.optimizer:
+            if current and model.optimizer is not split.optimizer:
                 scatter_optimizer(model.optimizer, split, model)
         scatter_weights(model, split)
         return result
