@@ -253,6 +253,31 @@ def scale_gradient(grad, factor):
     return grad * tf.cast(factor, grad.dtype)
 
 
+def sum_gradient_parts(parts):
+    """The sum of one variable's gradients from several micro-batches (None if none).
+
+    Sparse parts (`tf.IndexedSlices`, an embedding's) are joined, every slice
+    kept, as one device's gradient of the whole batch holds one slice per
+    looked-up row: Keras's optimizers square each slice (Adam's second
+    moment), so summing them into one dense tensor first would change the
+    update. Dense parts, or a mix, are added.
+
+    Example:
+
+    >>> sum_gradient_parts([tf.IndexedSlices(a, [0, 2]), tf.IndexedSlices(b, [2])]).indices
+    <tf.Tensor: ... numpy=array([0, 2, 2], dtype=int32)>
+    """
+    if not parts:
+        return None
+    if all(isinstance(part, tf.IndexedSlices) for part in parts):
+        if len(parts) == 1:
+            return parts[0]
+        return tf.IndexedSlices(tf.concat([part.values for part in parts], axis=0),
+                                tf.concat([part.indices for part in parts], axis=0),
+                                parts[0].dense_shape)
+    return tf.add_n([tf.convert_to_tensor(part) for part in parts])
+
+
 def loss_scale(optimizer):
     """Returns the factor the optimizer multiplies the loss by (a float32 tensor).
 

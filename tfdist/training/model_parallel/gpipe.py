@@ -76,7 +76,7 @@ from tfdist.training.across_workers import gather_across_workers, sum_across_wor
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
-                                       loss_scale, scale_gradient)
+                                       loss_scale, scale_gradient, sum_gradient_parts)
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
 from tfdist.training.step import compile_step_functions, run_steps
@@ -624,31 +624,6 @@ def _regularization(stage_model):
     if not losses:
         return None
     return tf.add_n([tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses])
-
-
-def sum_gradient_parts(parts):
-    """The sum of one variable's gradients from several micro-batches (None if none).
-
-    Sparse parts (`tf.IndexedSlices`, an embedding's) are joined, every slice
-    kept, as one device's gradient of the whole batch holds one slice per
-    looked-up row: Keras's optimizers square each slice (Adam's second
-    moment), so summing them into one dense tensor first would change the
-    update. Dense parts, or a mix, are added.
-
-    Example:
-
-    >>> sum_gradient_parts([tf.IndexedSlices(a, [0, 2]), tf.IndexedSlices(b, [2])]).indices
-    <tf.Tensor: ... numpy=array([0, 2, 2], dtype=int32)>
-    """
-    if not parts:
-        return None
-    if all(isinstance(part, tf.IndexedSlices) for part in parts):
-        if len(parts) == 1:
-            return parts[0]
-        return tf.IndexedSlices(tf.concat([part.values for part in parts], axis=0),
-                                tf.concat([part.indices for part in parts], axis=0),
-                                parts[0].dense_shape)
-    return tf.add_n([tf.convert_to_tensor(part) for part in parts])
 
 
 def _values(gradient):
