@@ -253,6 +253,21 @@ def scale_gradient(grad, factor):
     return grad * tf.cast(factor, grad.dtype)
 
 
+def divide_gradient(grad, divisor):
+    """Returns `grad / divisor` for a dense or `IndexedSlices` gradient, 0 where the divisor
+    is 0 (`tf.math.divide_no_nan`).
+
+    Example:
+
+    >>> divide_gradient(tf.constant([2.0, 4.0]), 2.0)
+    <tf.Tensor: ... numpy=array([1., 2.], dtype=float32)>
+    """
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.math.divide_no_nan(grad.values, tf.cast(divisor, grad.values.dtype))
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return tf.math.divide_no_nan(grad, tf.cast(divisor, grad.dtype))
+
+
 def sum_gradient_parts(parts):
     """The sum of one variable's gradients from several micro-batches (None if none).
 

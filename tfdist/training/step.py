@@ -46,8 +46,8 @@ from tfdist.training.accumulate import GradientAccumulator
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
 from tfdist.training.model_hooks import keras_losses_unscaled
-from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
-                                       loss_scale, scale_gradient)
+from tfdist.training.optimizer import (divide_gradient, gradients_already_summed,
+                                       learning_rate_evaluated_once, loss_scale, scale_gradient)
 from tfdist.training.step_kinds import LossStatsLayout
 
 # bfloat16 bias gradients summed in float32 (TensorFlow's CPU kernel sums them in bfloat16).
@@ -309,7 +309,7 @@ class StepFunctions:
         _, divisor, _ = self._global_loss(totals)
         summed = reduced[:-1]
         if self.normalized and not self._single:
-            summed = [_divide(g, divisor) for g in summed]
+            summed = [divide_gradient(g, divisor) for g in summed]
         if self.clip_norm is not None:
             summed, _ = tf.clip_by_global_norm(summed, self.clip_norm * loss_scale(self.optimizer))
         full = [None] * len(grads)
@@ -528,10 +528,3 @@ def _regularization(model):
     if not losses:
         return tf.zeros((), tf.float32)
     return tf.add_n([tf.cast(tf.reduce_sum(loss), tf.float32) for loss in losses])
-
-
-def _divide(grad, divisor):
-    if isinstance(grad, tf.IndexedSlices):
-        values = tf.math.divide_no_nan(grad.values, tf.cast(divisor, grad.values.dtype))
-        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
-    return tf.math.divide_no_nan(grad, tf.cast(divisor, grad.dtype))

@@ -75,8 +75,9 @@ from tfdist.seam import get_keras_mask, model_loss_tracker, set_keras_mask
 from tfdist.training.across_workers import gather_across_workers, sum_across_workers, this_workers
 from tfdist.training.inputs import unpack
 from tfdist.training.metrics_sync import global_metric_results
-from tfdist.training.optimizer import (gradients_already_summed, learning_rate_evaluated_once,
-                                       loss_scale, scale_gradient, sum_gradient_parts)
+from tfdist.training.optimizer import (divide_gradient, gradients_already_summed,
+                                       learning_rate_evaluated_once, loss_scale, scale_gradient,
+                                       sum_gradient_parts)
 from tfdist.training.model_parallel.placement import outside_strategy_scopes, updates_on_variable_devices
 from tfdist.training.model_parallel.stages import flat_inputs, model_input_keys, model_output_keys, pack_outputs
 from tfdist.training.step import compile_step_functions, run_steps
@@ -427,8 +428,7 @@ class PipelineStepFunctions(FitLoopSteps):
                 sources = list(stage.trainable_variables) + [forward["local"][s][k]
                                                              for k in watched]
                 result = forward["tapes"][s].gradient(targets, sources, output_gradients=seeds)
-                streams[s] = [g.values if isinstance(g, tf.IndexedSlices) else g
-                              for g in result if g is not None]
+                streams[s] = [_values(g) for g in result if g is not None]
                 count = len(stage.trainable_variables)
                 grads[s] = result[:count]
                 for key, grad in zip(watched, result[count:]):
@@ -506,7 +506,7 @@ class PipelineStepFunctions(FitLoopSteps):
                         continue
                     g = reduced[position]
                     position += 1
-                    out.append(_divide_no_nan(g, divisor) if divisor is not None else g)
+                    out.append(divide_gradient(g, divisor) if divisor is not None else g)
                 summed.append(out)
         return summed, totals
 
@@ -628,11 +628,3 @@ def _regularization(stage_model):
 
 def _values(gradient):
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-
-
-def _divide_no_nan(gradient, divisor):
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.math.divide_no_nan(gradient.values, tf.cast(divisor, gradient.values.dtype)),
-            gradient.indices, gradient.dense_shape)
-    return tf.math.divide_no_nan(gradient, tf.cast(divisor, gradient.dtype))
