@@ -15,8 +15,8 @@ import tensorflow as tf
 from tfdist.models import decoder_lm_layout_map
 from tfdist.training import Trainer
 from tfdist.training.tensor_parallel.whole import slots_by_variable
+from helpers.tensor_parallel_mlp import BATCH, arrays, layout, mlp
 from helpers.workers import model_parallel_common as common
-from training.tensor_parallel.test_tensor_parallel import BATCH, arrays, layout, mlp
 
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 

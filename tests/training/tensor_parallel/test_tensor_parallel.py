@@ -21,45 +21,10 @@ from tfdist.training.model_parallel.placement import variable_bytes_by_device
 from tfdist.training.tensor_parallel.layers import ShardedDense
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
 from tfdist.training.tensor_parallel.split import gather_weights, shard_devices, split_model
+from helpers.tensor_parallel_mlp import BATCH, CLASSES, FEATURES, ROWS, arrays, layout, mlp
 from helpers.workers import model_parallel_common as common
 
 RTOL, ATOL = 1e-5, 1e-5
-FEATURES, CLASSES, ROWS, BATCH = 12, 5, 64, 16
-
-
-def mlp(optimizer=None, seed=3):
-    """Input -> [up (column) -> down (row)] Megatron pair + skip -> [wide (column) ->
-    Activation layer -> narrow (row)] -> head (replicated)."""
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input((FEATURES,), name="features")
-    hidden = keras.layers.Dense(32, activation="gelu", name="up")(inputs)
-    back = keras.layers.Dense(FEATURES, name="down")(hidden)
-    mixed = keras.layers.Add(name="skip")([back, inputs])
-    wide = keras.layers.Dense(16, name="wide")(mixed)
-    wide = keras.layers.Activation("tanh", name="tanh")(wide)  # the row layer slices here
-    narrow = keras.layers.Dense(8, activation="relu", name="narrow")(wide)
-    logits = keras.layers.Dense(CLASSES, name="head")(narrow)
-    model = keras.Model(inputs, logits, name="mlp")
-    model.compile(optimizer or keras.optimizers.SGD(0.1),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
-    return model
-
-
-def layout(axes=("model",), shape=(2,)):
-    mesh = keras.distribution.DeviceMesh(shape, list(axes),
-                                         devices=[f"cpu:{i}" for i in range(int(np.prod(shape)))])
-    layout_map = keras.distribution.LayoutMap(mesh)
-    layout_map["(up|wide)/kernel"] = (None, "model")
-    layout_map["(up|wide)/bias"] = ("model",)
-    layout_map["(down|narrow)/kernel"] = ("model", None)
-    return layout_map
-
-
-def arrays(seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.normal(size=(ROWS, FEATURES)).astype("float32"),
-            rng.integers(0, CLASSES, size=(ROWS,)).astype("int32"))
 
 
 def fit(tensor_parallel, epochs=2, **kwargs):
