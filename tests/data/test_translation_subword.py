@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from tfdist.data.specs import parse_pair_spec
 from tfdist.data.subword import (META_FILE, MODEL_FILE, SubwordTokenizer,
                                  load_or_train_tokenizer)
-from tfdist.data.translation_pairs import (SubwordPairsSource, parse_pair_spec,
-                                           read_text_pairs, read_tfds_pairs)
+from tfdist.data.translation_pairs import SubwordPairsSource, read_text_pairs, read_tfds_pairs
 from tfdist.data.translation_task import generate_sentence_pairs
 from tfdist.recipes import translation
 from tfdist.recipes.config import ConfigError, parse_config

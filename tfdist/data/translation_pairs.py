@@ -25,35 +25,6 @@ Example:
 
 from tfdist.data.translation_task import PaddedPairsSource, SentencePairs
 
-PAIR_SCHEMES = ("text", "tfds")
-
-
-def parse_pair_spec(spec):
-    """`(scheme, argument)` of a translation `--dataset` string: `text:SRC,TGT` gives
-    `("text", (SRC, TGT))`, `tfds:NAME` gives `("tfds", NAME)`.
-
-    Raises:
-        ValueError: another scheme, or a text spec without exactly two files.
-
-    Example:
-
-    >>> parse_pair_spec("text:train.de,train.en")
-    ('text', ('train.de', 'train.en'))
-    """
-    scheme, _, rest = spec.strip().partition(":")
-    rest = rest.strip()
-    if scheme == "text":
-        files = tuple(part.strip() for part in rest.split(","))
-        if len(files) != 2 or not all(files):
-            raise ValueError(f"Dataset {spec!r}: give two line-aligned files, "
-                             "text:SOURCE_FILE,TARGET_FILE (e.g. text:train.de,train.en).")
-        return scheme, files
-    if scheme == "tfds" and rest:
-        return scheme, rest
-    raise ValueError(f"Dataset {spec!r}: the translation recipe reads embedded, "
-                     "text:SOURCE_FILE,TARGET_FILE or tfds:NAME (e.g. tfds:wmt14_translate/de-en).")
-
-
 def read_text_pairs(source_file, target_file):
     """The lines of two line-aligned files (line ends removed), as two lists.
 

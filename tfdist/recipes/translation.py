@@ -34,6 +34,7 @@ Every strategy of the language-model recipe runs through the same runner;
 
 import sys
 
+from tfdist.data.specs import parse_pair_spec
 from tfdist.recipes.config import ConfigError, Option
 from tfdist.recipes.recipe_runner import Recipe
 from tfdist.recipes.recipe_types import RecipeData
@@ -168,7 +169,6 @@ def check_config(config):
     """
     if config.model_parallel > 1:
         raise ConfigError(MODEL_PARALLEL_REASON.format(k=config.model_parallel))
-    from tfdist.data.translation_pairs import parse_pair_spec
 
     for flag, spec in (("--dataset", config.dataset),
                        ("--validation-dataset", config.validation_dataset)):
@@ -252,7 +252,7 @@ def read_pairs(spec, split, limit, download=False):
 
     >>> sources, targets, name = read_pairs("text:train.de,train.en", "train", None)
     """
-    from tfdist.data.translation_pairs import parse_pair_spec, read_text_pairs, read_tfds_pairs
+    from tfdist.data.translation_pairs import read_text_pairs, read_tfds_pairs
 
     scheme, argument = parse_pair_spec(spec)
     if scheme == "text":
@@ -304,7 +304,7 @@ def build_pair_data(config):
     import os
 
     from tfdist.data.subword import load_or_train_tokenizer
-    from tfdist.data.translation_pairs import SubwordPairsSource, parse_pair_spec
+    from tfdist.data.translation_pairs import SubwordPairsSource
     from tfdist.distribute.tf_config import parse_tf_config
     from tfdist.recipes.translation_quality import copy_baseline_scores
 
