@@ -239,3 +239,31 @@ def test_slurm_resolver_reaches_the_strategy_factory():
                                         "--warmup-steps", "0"], timeout=180, env=env)
     assert result.returncode == 2, result.stdout[-2000:]
     assert "cluster_resolver='slurm' needs to run inside a SLURM job step (srun)" in result.stdout
+
+
+REFUSED_BEFORE_TENSORFLOW = """
+import sys
+from tfdist.recipes import {recipe} as recipe
+code = recipe.RECIPE.main({argv!r})
+print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("recipe, argv, refused", [
+    ("transformer", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
+    ("cnn", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
+    ("translation", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
+    ("translation", ["--dataset", "text:only_one.de"], "--dataset: Dataset 'text:only_one.de'"),
+])
+def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
+    """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight
+    check imports TensorFlow (about 2 s of start-up), whatever datasets it parses."""
+    import subprocess
+    import sys
+
+    script = REFUSED_BEFORE_TENSORFLOW.format(recipe=recipe, argv=argv)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.strip() == "exit 2 tensorflow imported: False", (result.stdout,
+                                                                          result.stderr[-2000:])
+    assert refused in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
