@@ -8,6 +8,8 @@ import io
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -109,6 +111,19 @@ def test_translate_refuses_a_directory_that_is_not_a_translation_run(tmp_path, c
     assert len(error) == 1, error
     assert error[0].startswith(f"tfdist translate: error: {tmp_path} is not a translation run: "
                                "it has no translation.json")
+
+
+def test_translate_names_a_missing_directory_before_tensorflow_starts(tmp_path):
+    missing = tmp_path / "no_such_run"
+    script = ("import sys\nfrom tfdist.recipes import translate\n"
+              f"code = translate.main(['--model-dir', {str(missing)!r}])\n"
+              "print('exit', code, 'tensorflow imported:', 'tensorflow' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, stdin=subprocess.DEVNULL)
+    assert result.stdout.strip() == "exit 2 tensorflow imported: False", result.stderr[-2000:]
+    assert result.stderr.strip() == (f"tfdist translate: error: {missing} does not exist: give "
+                                     "the --model-dir of a translation run (`tfdist translation "
+                                     "--model-dir DIR` trains one).")
 
 
 def test_the_shipped_base_config_builds_the_papers_model_and_takes_a_training_step():

@@ -16,8 +16,9 @@ search with the run's `--beam-size` and `--length-penalty` unless given here
 (`--beam-size 1`: greedy), on this process's default device.
 
 Exit codes: 0 translated; 2 (`BAD_INPUT`) with one line on standard error
-for a directory that is not a translation run (no `translation.json`, e.g. a
-language-model run or a run made before tfdist wrote it), a run with no epoch
+for a missing directory (checked before TensorFlow starts), a directory
+that is not a translation run (no `translation.json`, e.g. a language-model
+run or a run made before tfdist wrote it), a run with no epoch
 checkpoint yet, or a sentence with a word outside the vocabulary or too many
 words.
 """
@@ -105,6 +106,30 @@ def setup_writer_class():
     return TranslationSetupWriter
 
 
+def check_translation_run_dir(model_dir):
+    """The path of `model_dir`'s `translation.json`, checked to exist (without TensorFlow).
+
+    Raises:
+        NotATranslationRun: `model_dir` is missing, or holds no `translation.json`.
+
+    Example:
+
+    >>> check_translation_run_dir("runs/tiny")
+    'runs/tiny/translation.json'
+    """
+    if not os.path.isdir(model_dir):
+        raise NotATranslationRun(
+            f"{model_dir} does not exist: give the --model-dir of a translation run "
+            "(`tfdist translation --model-dir DIR` trains one).")
+    path = os.path.join(model_dir, SETUP_FILE)
+    if not os.path.isfile(path):
+        raise NotATranslationRun(
+            f"{model_dir} is not a translation run: it has no {SETUP_FILE}, which "
+            "`tfdist translation --model-dir DIR` writes when training starts (language-model "
+            "and CNN runs, and translation runs of older tfdist versions, have none).")
+    return path
+
+
 def read_translation_setup(model_dir):
     """The `translation.json` of a run and the newest epoch weights file.
 
@@ -118,12 +143,7 @@ def read_translation_setup(model_dir):
     """
     from tfdist.data.translation_task import TRANSLATION_VOCABULARY
 
-    path = os.path.join(model_dir, SETUP_FILE)
-    if not os.path.isfile(path):
-        raise NotATranslationRun(
-            f"{model_dir} is not a translation run: it has no {SETUP_FILE}, which "
-            "`tfdist translation --model-dir DIR` writes when training starts (language-model "
-            "and CNN runs, and translation runs of older tfdist versions, have none).")
+    path = check_translation_run_dir(model_dir)
     with open(path, encoding="utf-8") as stream:
         setup = json.load(stream)
     if setup.get("format") != SETUP_FORMAT or setup.get("recipe") != "translation":
@@ -254,7 +274,8 @@ def main(argv=None):
         prog=PROG, description="Translate sentences with a trained translation run "
         "(tokenizer and model restored from its directory alone).",
         epilog="With no sentence arguments, each line of standard input is one sentence. "
-               "Exit codes: 0 translated; 2 not a translation run, no epoch checkpoint yet, "
+               "Exit codes: 0 translated; 2 a missing directory or not a translation run, "
+               "no epoch checkpoint yet, "
                "or a sentence the model cannot read (one line on standard error).")
     parser.add_argument("--model-dir", required=True, help="The run's --model-dir.")
     parser.add_argument("--beam-size", type=int, default=None,
@@ -265,6 +286,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.beam_size is not None and args.beam_size < 1:
         parser.error(f"--beam-size {args.beam_size}: use 1 (greedy) or more.")
+    try:
+        check_translation_run_dir(args.model_dir)  # before reading stdin or starting TensorFlow
+    except NotATranslationRun as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return BAD_INPUT
     sentences = args.sentences or [line.strip() for line in sys.stdin if line.strip()]
     try:
         from tfdist.runtime.tf_logging import import_tensorflow
