@@ -85,6 +85,10 @@ def test_line_aligned_files_differing_in_line_count_are_refused_naming_both(tmp_
     assert parse_pair_spec("text: x.de , x.en") == ("text", ("x.de", "x.en"))
     with pytest.raises(ValueError, match="give two line-aligned files"):
         parse_pair_spec("text:x.de")
+    with pytest.raises(FileNotFoundError) as caught:
+        read_text_pairs(str(tmp_path / "a.de"), str(tmp_path / "b.en"))
+    assert str(caught.value) == (f"the target file {tmp_path}/b.en does not exist "
+                                 "(text:SOURCE_FILE,TARGET_FILE names two line-aligned local files).")
 
 
 def test_text_files_through_the_recipe_data_and_a_resume_reuses_the_tokenizer(tmp_path, capsys):

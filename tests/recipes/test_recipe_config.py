@@ -254,6 +254,8 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
     ("cnn", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--dataset", "text:only_one.de"], "--dataset: Dataset 'text:only_one.de'"),
+    ("translation", ["--dataset", "text:absent.de,absent.en"],
+     "--dataset text:absent.de,absent.en: absent.de and absent.en do not exist;"),
 ])
 def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
     """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight

@@ -23,7 +23,10 @@ Example:
     train = SubwordPairsSource(sources, targets, tokenizer, 64, 64, split="train")
 """
 
+import os
+
 from tfdist.data.translation_task import PaddedPairsSource, SentencePairs
+
 
 def read_text_pairs(source_file, target_file):
     """The lines of two line-aligned files (line ends removed), as two lists.
@@ -37,7 +40,10 @@ def read_text_pairs(source_file, target_file):
     >>> sources, targets = read_text_pairs("train.de", "train.en")
     """
     sides = []
-    for path in (source_file, target_file):
+    for side, path in (("source", source_file), ("target", target_file)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"the {side} file {path} does not exist (text:SOURCE_FILE,"
+                                    "TARGET_FILE names two line-aligned local files).")
         with open(path, encoding="utf-8") as stream:
             sides.append([line.rstrip("\r\n") for line in stream])
     sources, targets = sides
