@@ -118,3 +118,21 @@ def test_the_split_decoder_lm_saves_as_the_model_it_was_split_from(tmp_path):
     slots = [v for v in back.optimizer.variables if v.name.endswith("_velocity")]
     assert len(slots) == len(model.trainable_variables)
     assert all(np.any(np.asarray(slot)) for slot in slots)  # every moment gathered, none lost
+
+
+def test_set_weights_on_the_model_after_the_trainer_is_built_reaches_the_shards():
+    """`model.set_weights(other.get_weights())`, Keras's way to copy weights, after a
+    tensor-parallel Trainer was built and trained: training goes on from the new weights
+    (and the optimizer's state), as on one device."""
+    x, y = arrays()
+    donor = mlp(seed=5).get_weights()
+    runs = {}
+    for extra in ({}, dict(tensor_parallel=2, layout_map=layout())):
+        model = mlp(adam(), seed=11)
+        trainer = Trainer(model, **extra)
+        trainer.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+        model.set_weights(donor)
+        trainer.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        runs[bool(extra)] = model.get_weights()
+    for a, b in zip(runs[True], runs[False], strict=True):
+        np.testing.assert_allclose(a, b, **TOLERANCE)

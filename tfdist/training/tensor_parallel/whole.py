@@ -11,7 +11,7 @@ into the model as built, on any number of devices, and equals what one
 device would have written. `trainer.model.load_weights(...)` reads such a
 file into `model` and cuts it into the shards. `model`'s own `save`,
 `save_weights` and `load_weights` do the same while it shares its optimizer
-with the split copy.
+with the split copy, and its `set_weights` cuts the weights into the shards.
 
 Example:
 
@@ -37,7 +37,8 @@ def save_as_whole(split, model, build_optimizer=None):
     state. On `model`, as long as it shares its optimizer with `split` (the
     Trainer's arrangement): saving writes the gathered optimizer state, not
     the shards', and `load_weights` also reaches the shards, so a model
-    loaded after the Trainer was built trains from what was loaded.
+    loaded after the Trainer was built trains from what was loaded; so does
+    `model.set_weights(...)` (Keras's way to copy weights between models).
 
     Args:
         split: the split copy (`trainer.model` with tensor_parallel > 1).
@@ -86,10 +87,17 @@ def save_as_whole(split, model, build_optimizer=None):
         scatter_weights(model, split)
         return result
 
+    def set_weights(weights):
+        whole_class.set_weights(model, weights)
+        scatter_weights(model, split)
+
     for target, weights in ((split, True), (model, False)):
-        for name, method in (("save", saver(whole_class.save, weights)),
-                             ("save_weights", saver(whole_class.save_weights, weights)),
-                             ("load_weights", load_weights)):
+        methods = [("save", saver(whole_class.save, weights)),
+                   ("save_weights", saver(whole_class.save_weights, weights)),
+                   ("load_weights", load_weights)]
+        if target is model:  # the split copy's own set_weights takes its shards' list
+            methods.append(("set_weights", set_weights))
+        for name, method in methods:
             method.__name__ = name
             method.__doc__ = (f"`keras.Model.{name}` of the model as built, its weights and "
                               "optimizer state gathered from, or cut into, the shards of its "
