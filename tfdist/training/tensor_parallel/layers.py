@@ -1,6 +1,6 @@
 """`ShardedDense` (a Dense layer split by channels), `ShardedMultiHeadAttention`
-(a MultiHeadAttention split by heads) and `ShardedConv2D` (a Conv2D split by
-output channels) over K devices.
+(a MultiHeadAttention split by heads) and `ShardedConv` (a Conv1D, Conv2D or
+Conv3D split by output or input channels) over K devices.
 
 Each shard's kernel (and, column-parallel, its bias) is a variable of its
 own, created under `tf.device(<shard device>)`, and each shard's matmul runs
@@ -41,7 +41,12 @@ ROW = "row"
 HEADS = "heads"
 """Style of a `MultiHeadAttention` split by heads (query/key/value by columns, output by rows)."""
 FILTERS = "filters"
-"""Style of a `Conv2D` split by output channels (filters; kernel's last axis, bias split too)."""
+"""Style of a convolution split by output channels (filters; kernel's last axis, bias split too)."""
+INPUT_CHANNELS = "input_channels"
+"""Style of a convolution split by input channels (kernel axis -2, bias added after the sum)."""
+CONV_CLASSES = {"Conv1D": keras.layers.Conv1D, "Conv2D": keras.layers.Conv2D,
+                "Conv3D": keras.layers.Conv3D}
+"""The convolutions tfdist splits (by class name; subclasses are not split)."""
 VOCABULARY = "vocabulary"
 """Style of an `Embedding` split by vocabulary (the table's rows)."""
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
@@ -357,7 +362,6 @@ class ShardedDense(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package="tfdist")
 def _config_and_identity(layer):
     """(`layer`'s config without its name, dtype and trainable flag; those three as the
     keyword arguments that give its split the same name, dtype policy and trainability)."""
@@ -368,6 +372,7 @@ def _config_and_identity(layer):
                     "trainable": layer.trainable}
 
 
+@keras.saving.register_keras_serializable(package="tfdist")
 class ShardedMultiHeadAttention(keras.layers.Layer):
     """A `keras.layers.MultiHeadAttention` split by heads over K devices.
 
@@ -512,60 +517,85 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
-class ShardedConv2D(keras.layers.Layer):
-    """A `keras.layers.Conv2D` split by output channels (filters) over K devices.
+class ShardedConv(keras.layers.Layer):
+    """A `keras.layers.Conv1D`, `Conv2D` or `Conv3D` split over K devices, by output channels
+    (filters) or by input channels.
 
-    Shard i is a `Conv2D` with `filters / K` filters on device i (kernel
-    `(kh, kw, in, filters/K)`, its bias entries, the activation), computing
-    its channels of the output from the whole input there. The K pieces are
-    concatenated on the channel axis on the first device (gathered), so the
-    next layer, not split, sees the whole output. Backward, each shard's input
-    gradient is computed on its device and the K are summed where the input
-    lives.
+    By filters (`style="filters"`): shard i is a convolution of the same class
+    with `filters / K` filters on device i (kernel `(..., in, filters/K)`, its
+    bias entries, the activation), computing its channels of the output from
+    the whole input there. The K pieces are concatenated on the channel axis on
+    the first device, so the next layer, not split, sees the whole output (the
+    pieces also travel with it: a convolution split by input channels called on
+    it directly takes each piece on its own device). Backward, each shard's
+    input gradient is computed on its device and the K are summed where the
+    input lives.
+
+    By input channels (`style="input_channels"`): shard i holds the kernel rows
+    of input channels `i*C/K .. (i+1)*C/K` (`(..., in/K, filters)`), convolves
+    those channels of the input on device i, and the K partial outputs are
+    summed on the first device (in float32 under a mixed policy, see
+    `sum_partial_products`); the bias is added once after the sum, then the
+    activation, as in the convolution it splits.
 
     Args:
-        config: the `get_config()` of the `Conv2D` to split.
+        config: the `get_config()` of the convolution to split.
         devices: the K device names.
+        style: `"filters"` or `"input_channels"`.
+        conv_class: the convolution's class name, `"Conv1D"`, `"Conv2D"` or `"Conv3D"`.
         **kwargs: `keras.layers.Layer` arguments (`name`, ...).
 
     Example:
 
     >>> conv = keras.layers.Conv2D(8, 3, padding="same", name="conv")
-    >>> layer = ShardedConv2D.from_conv(conv, ["/device:CPU:0", "/device:CPU:1"])
+    >>> layer = ShardedConv.from_conv(conv, ["/device:CPU:0", "/device:CPU:1"])
     >>> layer(tf.ones((2, 5, 5, 3))).shape
     TensorShape([2, 5, 5, 8])
     >>> [tuple(shard.kernel.shape) for shard in layer.convs]
     [(3, 3, 3, 4), (3, 3, 3, 4)]
     """
 
-    def __init__(self, config, devices, **kwargs):
+    def __init__(self, config, devices, style=FILTERS, conv_class="Conv2D", **kwargs):
         super().__init__(**kwargs)
+        if style not in (FILTERS, INPUT_CHANNELS):
+            raise ValueError(f"style must be {FILTERS!r} or {INPUT_CHANNELS!r}, got {style!r}.")
+        if conv_class not in CONV_CLASSES:
+            raise ValueError(f"conv_class must be one of {sorted(CONV_CLASSES)}, got "
+                             f"{conv_class!r}.")
         self.devices = tuple(devices)
         self.conv_config = dict(config)
+        self.style = style
+        self.conv_class = conv_class
         k = len(self.devices)
         filters = int(config["filters"])
-        if filters % k:
+        if style == FILTERS and filters % k:
             raise ValueError(f"{filters} filters do not divide by {k} devices.")
         if int(config.get("groups", 1)) != 1:
-            raise ValueError("A grouped Conv2D (groups > 1) is not split by filters yet.")
+            raise ValueError("A grouped convolution (groups > 1) is not split yet.")
         self.filters = filters
         self.channel_axis = 1 if config.get("data_format") == "channels_first" else -1
-        self.convs = [keras.layers.Conv2D.from_config(
-            dict(config, filters=filters // k, name=f"filters_{index}",
+        self.activation = keras.activations.get(config.get("activation"))
+        self.use_bias = bool(config.get("use_bias", True))
+        self.bias = None
+        shard_config = (dict(config, filters=filters // k) if style == FILTERS else
+                        dict(config, use_bias=False, activation=None))  # bias, activation after
+        prefix = "filters" if style == FILTERS else "channels"
+        self.convs = [CONV_CLASSES[conv_class].from_config(
+            dict(shard_config, name=f"{prefix}_{index}",
                  dtype=self.dtype_policy))  # the layer's policy (mixed precision)
             for index in range(k)]
 
     @classmethod
-    def from_conv(cls, conv, devices):
-        """The split of the `Conv2D` `conv` (same name; weights loaded later).
+    def from_conv(cls, conv, devices, style=FILTERS):
+        """The split of the convolution `conv` (same name; weights loaded later).
 
         Example:
 
-        >>> ShardedConv2D.from_conv(conv, devices).name
+        >>> ShardedConv.from_conv(conv, devices, "input_channels").name
         'conv'
         """
         config, identity = _config_and_identity(conv)
-        return cls(config, devices, **identity)
+        return cls(config, devices, style=style, conv_class=type(conv).__name__, **identity)
 
     @property
     def num_shards(self):
@@ -573,48 +603,112 @@ class ShardedConv2D(keras.layers.Layer):
         return len(self.devices)
 
     def build(self, input_shape):
+        if self.style == FILTERS:
+            for device, conv in zip(self.devices, self.convs, strict=True):
+                with tf.device(device):
+                    conv.build(input_shape)
+            return
+        channels = int(input_shape[self.channel_axis])
+        k = self.num_shards
+        if channels % k:
+            raise ValueError(f"The convolution {self.name!r} has {channels} input channels, "
+                             f"which do not divide by {k} devices.")
+        shard_shape = list(input_shape)
+        shard_shape[self.channel_axis] = channels // k
         for device, conv in zip(self.devices, self.convs, strict=True):
             with tf.device(device):
-                conv.build(input_shape)
+                conv.build(tuple(shard_shape))
+        if self.use_bias:
+            with tf.device(self.devices[0]):
+                self.bias = self.add_weight(
+                    name="bias", shape=(self.filters,),
+                    initializer=self.conv_config.get("bias_initializer", "zeros"))
 
     def call(self, inputs):
-        pieces = [on_device(device, conv, inputs)
-                  for device, conv in zip(self.devices, self.convs, strict=True)]
+        if self.style == FILTERS:
+            pieces = [on_device(device, conv, inputs)
+                      for device, conv in zip(self.devices, self.convs, strict=True)]
+            with tf.device(self.devices[0]):
+                output = keras.ops.concatenate(pieces, axis=self.channel_axis)
+            return attach_pieces(output, pieces) if self.channel_axis == -1 else output
+        return self._input_channels(inputs)
+
+    def _input_channels(self, x):
+        k = self.num_shards
+        width = int(x.shape[self.channel_axis]) // k
+        pieces = pieces_of(x, k, width) if self.channel_axis == -1 else None
+        if pieces is None:
+            pieces = []
+            for index, device in enumerate(self.devices):
+                with tf.device(device):
+                    pieces.append(x[..., index * width:(index + 1) * width]
+                                  if self.channel_axis == -1 else
+                                  x[:, index * width:(index + 1) * width])
+        partial = [on_device(device, conv, piece)
+                   for device, conv, piece in zip(self.devices, self.convs, pieces, strict=True)]
         with tf.device(self.devices[0]):
-            return keras.ops.concatenate(pieces, axis=self.channel_axis)
+            y = sum_partial_products(partial)
+            if self.use_bias:
+                rank = len(y.shape) - 2
+                shape = ((1,) * (rank + 1) + (self.filters,) if self.channel_axis == -1
+                         else (1, self.filters) + (1,) * rank)
+                y = keras.ops.add(y, keras.ops.reshape(keras.ops.cast(self.bias, y.dtype), shape))
+            if self.activation is not None:
+                y = self.activation(y)
+        return y
 
     def compute_output_shape(self, input_shape):
+        if self.style == INPUT_CHANNELS:
+            shape = list(input_shape)
+            shape[self.channel_axis] = int(shape[self.channel_axis]) // self.num_shards
+            return tuple(self.convs[0].compute_output_shape(tuple(shape)))
         shape = list(self.convs[0].compute_output_shape(input_shape))
         shape[self.channel_axis] = self.filters
         return tuple(shape)
 
+    @property
+    def _kernel_axis(self):
+        return -1 if self.style == FILTERS else -2
+
     def load_from(self, conv):
-        """Loads the weights of `conv`, the `Conv2D` this layer splits (each shard its filters).
+        """Loads the weights of `conv`, the convolution this layer splits (each shard its
+        filters, or its input channels).
 
         Example:
 
         >>> split.get_layer("conv").load_from(model.get_layer("conv"))
         """
         k = self.num_shards
-        kernels = np.split(np.asarray(conv.kernel), k, axis=-1)
-        biases = np.split(np.asarray(conv.bias), k) if conv.use_bias else [None] * k
-        for shard, kernel, bias in zip(self.convs, kernels, biases, strict=True):
+        kernels = np.split(np.asarray(conv.kernel), k, axis=self._kernel_axis)
+        for shard, kernel in zip(self.convs, kernels, strict=True):
             shard.kernel.assign(kernel)
-            if bias is not None:
+        if not conv.use_bias:
+            return
+        if self.style == FILTERS:
+            for shard, bias in zip(self.convs, np.split(np.asarray(conv.bias), k), strict=True):
                 shard.bias.assign(bias)
+        else:
+            self.bias.assign(np.asarray(conv.bias))
 
     def gather_into(self, conv):
-        """Writes this layer's gathered weights into `conv` (the `Conv2D` it splits).
+        """Writes this layer's gathered weights into `conv` (the convolution it splits).
 
         Example:
 
         >>> split.get_layer("conv").gather_into(model.get_layer("conv"))
         """
-        conv.kernel.assign(np.concatenate([np.asarray(s.kernel) for s in self.convs], axis=-1))
+        conv.kernel.assign(np.concatenate([np.asarray(s.kernel) for s in self.convs],
+                                          axis=self._kernel_axis))
         if conv.use_bias:
-            conv.bias.assign(np.concatenate([np.asarray(s.bias) for s in self.convs]))
+            conv.bias.assign(np.concatenate([np.asarray(s.bias) for s in self.convs])
+                             if self.style == FILTERS else np.asarray(self.bias))
 
     def get_config(self):
         config = super().get_config()
-        config.update(config=self.conv_config, devices=list(self.devices))
+        config.update(config=self.conv_config, devices=list(self.devices), style=self.style,
+                      conv_class=self.conv_class)
         return config
+
+
+ShardedConv2D = ShardedConv
+"""The name `ShardedConv` had while it split only a `Conv2D` by filters."""

@@ -34,8 +34,12 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   `(None, None, None, "model")` is split **by output channels**: shard i
   holds filters `[i*F/K, (i+1)*F/K)` (kernel and bias) and computes those
   output channels on device i; the K pieces are concatenated on the first
-  device for the next layer, which is not split. A convolution laid out on
-  its input channels is refused (not supported yet).
+  device for the next layer, which is not split. Laid out
+  `(None, None, "model", None)` it is split **by input channels**: shard i
+  holds the kernel of input channels `[i*C/K, (i+1)*C/K)` and convolves those
+  channels on device i; the K partial outputs are summed on the first device,
+  then the bias (not split) is added and the activation applied. `Conv1D`
+  and `Conv3D` are split the same ways (one spatial axis fewer or more).
 * A `keras.layers.Embedding` whose table `(vocab, width)` is laid out
   `("model", None)` is split **by vocabulary**: shard i holds rows
   `[i*V/K, (i+1)*V/K)` and looks up the ids in them; the K partial lookups
@@ -45,8 +49,8 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
 
 Anything a layout shards that tfdist cannot split is refused, naming the
 layer, the variable path and why: a layer that is not a plain Dense,
-MultiHeadAttention, Conv2D or Embedding (the class is named; EinsumDense on
-its own and other convolutions are not split yet), an embedding laid out on
+MultiHeadAttention, Conv1D/2D/3D or Embedding (the class is named; depthwise,
+separable and transposed convolutions are not split yet), an embedding laid out on
 its width or whose vocabulary K does not divide, an attention laid out in part, a layer
 deeper than one level inside a top-level layer or not held as an attribute
 of it (a layer is split at the model's top level, or as an attribute of a
@@ -71,7 +75,8 @@ import keras
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
 from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
-from tfdist.training.tensor_parallel.layers import COLUMN, FILTERS, HEADS, ROW, VOCABULARY
+from tfdist.training.tensor_parallel.layers import (COLUMN, CONV_CLASSES, FILTERS, HEADS,
+                                                    INPUT_CHANNELS, ROW, VOCABULARY)
 
 
 class ShardLayoutError(ValueError):
@@ -94,8 +99,8 @@ class LayerShard:
         layer: the layer's name; `"<parent>/<name>"` for a Dense inside a
             top-level layer (a Transformer block's `ffn_in`).
         style: `COLUMN`, `ROW`, `HEADS` (a MultiHeadAttention; `units` is
-            then its number of heads) or `FILTERS` (a Conv2D; `units` is its
-            number of filters).
+            then its number of heads), `FILTERS` or `INPUT_CHANNELS` (a
+            convolution; `units` is its number of filters).
         kernel_path: the kernel variable's path (`"up/kernel"`).
         input_dim: the kernel's input channels.
         units: the kernel's output channels.
@@ -139,6 +144,8 @@ class LayerShard:
             return (self.units // num_shards,)
         if self.style == FILTERS:
             return tuple(self.kernel_shape[:-1]) + (self.units // num_shards,)
+        if self.style == INPUT_CHANNELS:
+            return tuple(self.kernel_shape[:-2]) + (self.input_dim // num_shards, self.units)
         return (self.input_dim // num_shards, self.units)  # ROW, VOCABULARY
 
     def describe(self, num_shards):
@@ -152,8 +159,9 @@ class LayerShard:
         if self.style == HEADS:
             return (f"{self.layer}  heads-parallel  {self.units} heads -> {num_shards} x "
                     f"{self.units // num_shards}")
-        if self.style == FILTERS:
-            return (f"{self.layer}  filters-parallel  kernel {tuple(self.kernel_shape)} -> "
+        if self.style in (FILTERS, INPUT_CHANNELS):
+            style = "filters" if self.style == FILTERS else "input-channels"
+            return (f"{self.layer}  {style}-parallel  kernel {tuple(self.kernel_shape)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
         if self.einsum_axis is not None:
             return (f"{self.layer}  {self.style}-parallel  einsum kernel "
@@ -410,7 +418,7 @@ def _embedding_shard(layer, name, parent, roles, axis, num_shards):
 
 
 def _is_conv(layer):
-    return type(layer) is keras.layers.Conv2D
+    return type(layer) in CONV_CLASSES.values()
 
 
 def _shard_builder(layer):
@@ -460,9 +468,10 @@ def _refuse_class(layer, name, variable):
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
         f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
         f"keras.layers.EinsumDense (along one kernel axis), keras.layers.MultiHeadAttention "
-        f"(by heads), keras.layers.Conv2D (by filters) and keras.layers.Embedding (by "
-        f"vocabulary) so far{inside}; other convolutions are not split yet. Drop that entry "
-        "from the layout (the layer then runs replicated).")
+        f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D (by output or input channels) "
+        f"and keras.layers.Embedding (by vocabulary) so far{inside}; other convolutions "
+        "(depthwise, separable, transposed) are not split yet. Drop that entry from the "
+        "layout (the layer then runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
@@ -502,7 +511,7 @@ def _refuse_unsplit_features(kind, name, variable, *reasons):
 
 
 def _kernel_or_bias_role(layer, kind, name, variable, *reasons):
-    """`"kernel"` or `"bias"` of a splittable `kind` layer (Dense, EinsumDense, Conv2D), else
+    """`"kernel"` or `"bias"` of a splittable `kind` layer (Dense, EinsumDense, a convolution), else
     a `ShardLayoutError` with the first of `reasons` that is not None."""
     _refuse_unsplit_features(kind, name, variable, *reasons)
     if variable is layer.kernel:
@@ -619,44 +628,49 @@ def _attention_shard(layer, name, parent, roles, axis, num_shards):
 
 
 def _conv_role(layer, name, variable):
-    """`"kernel"` or `"bias"` of a splittable Conv2D, else a `ShardLayoutError` saying why."""
+    """`"kernel"` or `"bias"` of a splittable convolution, else a `ShardLayoutError` saying
+    why."""
     grouped = layer.groups != 1 and f"it is grouped (groups={layer.groups}; not split yet)"
-    return _kernel_or_bias_role(layer, "Conv2D", name, variable, grouped, _lora(layer),
+    return _kernel_or_bias_role(layer, type(layer).__name__, name, variable, grouped,
+                                _lora(layer),
                                 _unsplit_feature(lambda feature: getattr(layer, feature, None)))
 
 
 def _conv_shard(layer, name, parent, roles, axis, num_shards):
-    """The `LayerShard` of a Conv2D split by output channels, from its kernel's layout."""
+    """The `LayerShard` of a convolution split by output or input channels, from its
+    kernel's layout."""
+    kind = type(layer).__name__
     shape = tuple(int(d) for d in layer.kernel.shape)
     path = layer.kernel.path
-    wanted = (None, None, None, axis)
+    spatial = (None,) * (len(shape) - 2)
+    by_filters, by_inputs = spatial + (None, axis), spatial + (axis, None)
     if "kernel" not in roles:
         raise ShardLayoutError(
-            f"The layout shards the bias {layer.bias.path!r} of the Conv2D layer {name!r} but "
+            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r} but "
             f"not its kernel {path!r}: a bias is split only with its filters. Lay out the "
-            f"kernel as {wanted} (output channels), or drop the bias entry.")
+            f"kernel as {by_filters} (output channels), or drop the bias entry.")
     axes = roles["kernel"]
-    if axes == (None, None, axis, None):
+    if axes not in (by_filters, by_inputs):
         raise ShardLayoutError(
-            f"The layout splits the input channels of the Conv2D layer {name!r} ({path!r} as "
-            f"{axes}): a convolution split by input channels (each shard a partial sum over "
-            "its channels, then summed) is not supported yet. Split its output channels "
-            f"instead, {wanted}, or drop its entries (the layer then runs replicated).")
-    if axes != wanted:
-        raise ShardLayoutError(
-            f"The layout of {path!r} (Conv2D layer {name!r}, kernel (kh, kw, in, filters) "
-            f"{shape}) is {axes}; tfdist splits a convolution by its output channels only: "
-            f"{wanted}.")
+            f"The layout of {path!r} ({kind} layer {name!r}, kernel (..., in, filters) "
+            f"{shape}) is {axes}; tfdist splits a convolution by its output channels, "
+            f"{by_filters}, or by its input channels, {by_inputs}.")
+    style, split, what = ((FILTERS, shape[-1], "filters") if axes == by_filters else
+                          (INPUT_CHANNELS, shape[-2], "input channels"))
     bias = roles.get("bias")
-    if bias is not None and bias != (axis,):
+    if bias is not None and style == FILTERS and bias != (axis,):
         raise ShardLayoutError(
-            f"The layout of the bias {layer.bias.path!r} of the Conv2D layer {name!r} is "
+            f"The layout of the bias {layer.bias.path!r} of the {kind} layer {name!r} is "
             f"{bias}; a bias is split with its filters: ({axis!r},).")
-    filters = shape[-1]
-    if filters % num_shards:
+    if bias is not None and style == INPUT_CHANNELS and bias != (None,):
         raise ShardLayoutError(
-            f"The layout splits the {filters} filters of {path!r} (Conv2D layer {name!r}) over "
-            f"{num_shards} devices, but {filters} does not divide by {num_shards}. Use a "
+            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}, "
+            "which is split by input channels: its bias is added once, after the partial "
+            "outputs are summed, so it is not split. Lay it out as (None,) or drop its entry.")
+    if split % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {split} {what} of {path!r} ({kind} layer {name!r}) over "
+            f"{num_shards} devices, but {split} does not divide by {num_shards}. Use a "
             "tensor_parallel that divides it, or drop the layer from the layout.")
-    return LayerShard(layer=name, style=FILTERS, kernel_path=path, input_dim=shape[-2],
-                      units=filters, parent=parent, kernel_shape=shape)
+    return LayerShard(layer=name, style=style, kernel_path=path, input_dim=shape[-2],
+                      units=shape[-1], parent=parent, kernel_shape=shape)

@@ -34,14 +34,14 @@ from tfdist.distribute.introspection import num_workers
 from tfdist.seam import direct_sublayers, model_compile_config
 from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
-from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, VOCABULARY,
-                                                    ShardedConv2D, ShardedDense,
+from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, INPUT_CHANNELS,
+                                                    VOCABULARY, ShardedConv, ShardedDense,
                                                     ShardedMultiHeadAttention)
 from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab_parallel_loss_of
 from tfdist.runtime.argtypes import check_int_at_least
 
 
-SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv2D, VocabParallelEmbedding,
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv, VocabParallelEmbedding,
                   ShardedEinsumDense)
 """The layer classes a split model's split layers have."""
 
@@ -155,8 +155,8 @@ def _is_linear_activation(layer):
 
 
 def sharded_layer(layer, style, devices, letter=None):
-    """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a Conv2D split by
-    filters) over `devices`.
+    """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a convolution split
+    by filters or input channels) over `devices`.
 
     Example:
 
@@ -165,8 +165,8 @@ def sharded_layer(layer, style, devices, letter=None):
     """
     if style == HEADS:
         return ShardedMultiHeadAttention.from_attention(layer, devices)
-    if style == FILTERS:
-        return ShardedConv2D.from_conv(layer, devices)
+    if style in (FILTERS, INPUT_CHANNELS):
+        return ShardedConv.from_conv(layer, devices, style)
     if style == VOCABULARY:
         return VocabParallelEmbedding.from_embedding(layer, devices)
     if letter is not None:
