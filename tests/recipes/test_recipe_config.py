@@ -255,7 +255,11 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
     ("translation", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--dataset", "text:only_one.de"], "--dataset: Dataset 'text:only_one.de'"),
     ("translation", ["--dataset", "text:absent.de,absent.en"],
-     "--dataset text:absent.de,absent.en: absent.de and absent.en do not exist;"),
+     "--dataset text:absent.de,absent.en: absent.de does not exist on this machine."),
+    ("transformer", ["--dataset", "text:/no/such/folder/*.txt"],
+     "--dataset text:/no/such/folder/*.txt: /no/such/folder does not exist"),
+    ("cnn", ["--validation-dataset", "image_folder:no_such_folder"],
+     "--validation-dataset image_folder:no_such_folder: no_such_folder does not exist"),
 ])
 def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
     """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight
@@ -269,3 +273,19 @@ def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, ref
     assert result.stdout.strip() == "exit 2 tensorflow imported: False", (result.stdout,
                                                                           result.stderr[-2000:])
     assert refused in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_only_local_paths_that_cannot_exist_are_refused_before_tensorflow(tmp_path):
+    from tfdist.data.specs import missing_local_path
+
+    (tmp_path / "a.txt").write_text("x\n")
+    assert missing_local_path(f"text:{tmp_path}/a.txt") is None
+    assert missing_local_path(f"text:{tmp_path}/a.txt,{tmp_path}/b.txt") == f"{tmp_path}/b.txt"
+    # A pattern whose folder exists passes even if it matches nothing: the reader's own glob
+    # (which, unlike Python's, also matches hidden files) names what it finds or does not.
+    assert missing_local_path(f"tfrecord:{tmp_path}/*.tfrecord") is None
+    assert missing_local_path(f"tfrecord:{tmp_path}/gone/shard-?.tfrecord") == f"{tmp_path}/gone"
+    assert missing_local_path(f"image_folder:{tmp_path}") is None
+    assert missing_local_path(f"image_folder:{tmp_path}/gone") == f"{tmp_path}/gone"
+    for spec in ("text:gs://bucket/*.txt", "tfds:imdb_reviews", "shapes", "embedded:sort"):
+        assert missing_local_path(spec) is None, spec

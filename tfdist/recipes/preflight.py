@@ -9,7 +9,7 @@ Example:
 
 import os
 
-from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme
+from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme, missing_local_path
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
@@ -78,6 +78,7 @@ def check_before_tensorflow(recipe, config):
         raise ConfigError(f"--gpu-memory: {error}") from None
     check_optimizer_moments(config)
     check_skip_corrupt_records(config)
+    check_dataset_paths(config)
     check_output_folders(config)
     for flag, value in (("--profile-steps", config.profile_steps),):
         if value is not None and not config.model_dir:
@@ -89,6 +90,27 @@ def check_before_tensorflow(recipe, config):
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
         check_warmup(config, steps_per_epoch)
+
+
+def check_dataset_paths(config):
+    """Refuses a `--dataset` or `--validation-dataset` naming a local file or folder that does
+    not exist (see `tfdist.data.specs.missing_local_path`).
+
+    Raises:
+        ConfigError: naming the flag, the path and the way out.
+
+    Example:
+
+    >>> check_dataset_paths(argparse.Namespace(dataset="text:/no/such/file.txt"))
+    Traceback (most recent call last):
+    ConfigError: --dataset text:/no/such/file.txt: /no/such/file.txt does not exist ...
+    """
+    for flag, spec in (("--dataset", config.dataset),
+                       ("--validation-dataset", getattr(config, "validation_dataset", None))):
+        missing = missing_local_path(spec) if spec else None
+        if missing:
+            raise ConfigError(f"{flag} {spec}: {missing} does not exist on this machine. Check "
+                              "the path (relative paths start in the current folder).")
 
 
 def check_cluster_resolver(config):

@@ -32,7 +32,6 @@ Every strategy of the language-model recipe runs through the same runner;
 `--model-parallel` (GPipe stages) is refused with the reason.
 """
 
-import os
 import sys
 
 from tfdist.data.specs import parse_pair_spec
@@ -155,8 +154,7 @@ MODEL_PARALLEL_REASON = (
 
 def check_config(config):
     """Refuses what this recipe cannot do, before TensorFlow starts: `--model-parallel` > 1,
-    datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, text files that do not
-    exist, fewer
+    datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, fewer
     `--validation-sentences` than one global batch, and a `--validation-dataset`
     beside the embedded task.
 
@@ -176,14 +174,9 @@ def check_config(config):
                        ("--validation-dataset", config.validation_dataset)):
         if spec and spec not in EMBEDDED_DATASETS:
             try:
-                scheme, argument = parse_pair_spec(spec)
+                parse_pair_spec(spec)  # the files themselves: preflight.check_dataset_paths
             except ValueError as error:
                 raise ConfigError(f"{flag}: {error}") from error
-            missing = [path for path in argument if not os.path.isfile(path)] if scheme == "text" else []
-            if missing:
-                verb = "does" if len(missing) == 1 else "do"
-                raise ConfigError(f"{flag} {spec}: {' and '.join(missing)} {verb} not exist; "
-                                  "text:SOURCE_FILE,TARGET_FILE names two line-aligned local files.")
     if config.validation_sentences < config.global_batch_size:
         raise ConfigError(
             f"--validation-sentences {config.validation_sentences} is fewer than one global "
