@@ -289,3 +289,14 @@ def test_only_local_paths_that_cannot_exist_are_refused_before_tensorflow(tmp_pa
     assert missing_local_path(f"image_folder:{tmp_path}/gone") == f"{tmp_path}/gone"
     for spec in ("text:gs://bucket/*.txt", "tfds:imdb_reviews", "shapes", "embedded:sort"):
         assert missing_local_path(spec) is None, spec
+
+
+def test_print_config_reads_no_data_so_a_missing_dataset_path_is_not_refused():
+    from tfdist.recipes.preflight import check_before_tensorflow
+    from tfdist.recipes.transformer import RECIPE
+
+    argv = ["--dataset", "text:/no/such/folder/*.txt"]
+    with pytest.raises(ConfigError, match="/no/such/folder does not exist"):
+        check_before_tensorflow(RECIPE, parse_config(argv, RECIPE.all_options(), prog="test"))
+    check_before_tensorflow(RECIPE, parse_config(argv + ["--print-config"], RECIPE.all_options(),
+                                                 prog="test"))
