@@ -15,9 +15,10 @@ STRATEGY_NAMES = ("auto", "default", "one_device", "mirrored", "multi_worker_mir
 
 UNSUPPORTED_STRATEGIES = {
     "central_storage": (
-        "tfdist does not support 'central_storage' yet: it keeps variables on one "
-        "device, which the all-reduce training step does not handle. Use 'mirrored' on "
-        "one machine."),
+        "tfdist does not support 'central_storage' yet: its variables on the parameter "
+        "device cannot be updated by Keras's batch normalization (they need an aggregation "
+        "Keras does not give them), and Keras's metrics and evaluation are aggregated wrongly "
+        "under it. Use 'mirrored' on one machine."),
     "tpu": (
         "tfdist does not support 'tpu' yet: it is built and tested for GPUs and CPUs "
         "only. Use 'mirrored' or 'multi_worker_mirrored' on GPU machines, or Keras's "
