@@ -15,13 +15,8 @@ from tfdist.training import Trainer
 from tfdist.training.model_parallel.placement import variable_bytes_by_device
 from tfdist.training.tensor_parallel.layers import ShardedConv
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
-
-RTOL, ATOL = 1e-5, 1e-5
-CLASSES = 4
-
-
-def mesh():
-    return keras.distribution.DeviceMesh((2,), ["model"], devices=["cpu:0", "cpu:1"])
+from helpers.tensor_parallel_conv import (ATOL, CLASSES, RTOL, assert_trains_like_one_device,
+                                          images, mesh)
 
 
 def conv_model(seed=5):
@@ -42,32 +37,6 @@ def conv_layout():
     layout_map["(wide|wider)/kernel"] = (None, None, None, "model")
     layout_map["wide/bias"] = ("model",)
     return layout_map
-
-
-def images(rows, size, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.normal(size=(rows, size, size, 3)).astype("float32"),
-            rng.integers(0, CLASSES, size=(rows,)).astype("int32"))
-
-
-def train(model, layout_map, x, y, batch):
-    model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    extra = dict(tensor_parallel=2, layout_map=layout_map) if layout_map is not None else {}
-    trainer = Trainer(model, **extra)
-    history = trainer.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
-    return history.history["loss"], trainer
-
-
-def assert_trains_like_one_device(build, layout_map, x, y, batch):
-    one_model, two_model = build(), build()
-    one_loss, _ = train(one_model, None, x, y, batch)
-    two_loss, trainer = train(two_model, layout_map, x, y, batch)
-    np.testing.assert_allclose(two_loss, one_loss, rtol=RTOL)
-    for a, b in zip(two_model.get_weights(), one_model.get_weights(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
-    assert not np.allclose(two_model.get_weights()[0], build().get_weights()[0])  # it trained
-    return trainer
 
 
 def test_conv_model_split_by_filters_trains_like_one_device():
