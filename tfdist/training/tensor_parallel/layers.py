@@ -362,9 +362,16 @@ class ShardedDense(keras.layers.Layer):
         return config
 
 
-def _config_and_identity(layer):
+def config_and_identity(layer):
     """(`layer`'s config without its name, dtype and trainable flag; those three as the
-    keyword arguments that give its split the same name, dtype policy and trainability)."""
+    keyword arguments that give its split the same name, dtype policy and trainability).
+
+    Example:
+
+    >>> config, identity = config_and_identity(keras.layers.Conv2D(8, 3, name="conv"))
+    >>> identity["name"], "name" in config
+    ('conv', False)
+    """
     config = layer.get_config()
     for key in ("name", "trainable", "dtype"):
         config.pop(key, None)
@@ -424,7 +431,7 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
         >>> ShardedMultiHeadAttention.from_attention(mha, devices).name
         'attention'
         """
-        config, identity = _config_and_identity(attention)
+        config, identity = config_and_identity(attention)
         return cls(config, devices, **identity)
 
     @property
@@ -594,7 +601,7 @@ class ShardedConv(keras.layers.Layer):
         >>> ShardedConv.from_conv(conv, devices, "input_channels").name
         'conv'
         """
-        config, identity = _config_and_identity(conv)
+        config, identity = config_and_identity(conv)
         return cls(config, devices, style=style, conv_class=type(conv).__name__, **identity)
 
     @property

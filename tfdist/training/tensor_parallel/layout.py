@@ -40,6 +40,11 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   channels on device i; the K partial outputs are summed on the first device,
   then the bias (not split) is added and the activation applied. `Conv1D`
   and `Conv3D` are split the same ways (one spatial axis fewer or more).
+* A `keras.layers.DepthwiseConv2D` (or `DepthwiseConv1D`) whose kernel
+  `(kh, kw, channels, depth_multiplier)` is laid out
+  `(None, None, "model", None)` is split **by channels**: shard i filters
+  channels `[i*C/K, (i+1)*C/K)` (kernel and bias) on device i, and the K
+  output blocks are concatenated (`tfdist.training.tensor_parallel.depthwise`).
 * A `keras.layers.Embedding` whose table `(vocab, width)` is laid out
   `("model", None)` is split **by vocabulary**: shard i holds rows
   `[i*V/K, (i+1)*V/K)` and looks up the ids in them; the K partial lookups
@@ -49,8 +54,8 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
 
 Anything a layout shards that tfdist cannot split is refused, naming the
 layer, the variable path and why: a layer that is not a plain Dense,
-MultiHeadAttention, Conv1D/2D/3D or Embedding (the class is named; depthwise,
-separable and transposed convolutions are not split yet), an embedding laid out on
+MultiHeadAttention, Conv1D/2D/3D, DepthwiseConv1D/2D or Embedding (the class is
+named; separable and transposed convolutions are not split yet), an embedding laid out on
 its width or whose vocabulary K does not divide, an attention laid out in part, a layer
 deeper than one level inside a top-level layer or not held as an attribute
 of it (a layer is split at the model's top level, or as an attribute of a
@@ -75,6 +80,7 @@ import keras
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
 from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
+from tfdist.training.tensor_parallel.depthwise import CHANNELS, DEPTHWISE_CLASSES
 from tfdist.training.tensor_parallel.layers import (COLUMN, CONV_CLASSES, FILTERS, HEADS,
                                                     INPUT_CHANNELS, ROW, VOCABULARY)
 
@@ -144,7 +150,7 @@ class LayerShard:
             return (self.units // num_shards,)
         if self.style == FILTERS:
             return tuple(self.kernel_shape[:-1]) + (self.units // num_shards,)
-        if self.style == INPUT_CHANNELS:
+        if self.style in (INPUT_CHANNELS, CHANNELS):
             return tuple(self.kernel_shape[:-2]) + (self.input_dim // num_shards, self.units)
         return (self.input_dim // num_shards, self.units)  # ROW, VOCABULARY
 
@@ -159,8 +165,9 @@ class LayerShard:
         if self.style == HEADS:
             return (f"{self.layer}  heads-parallel  {self.units} heads -> {num_shards} x "
                     f"{self.units // num_shards}")
-        if self.style in (FILTERS, INPUT_CHANNELS):
-            style = "filters" if self.style == FILTERS else "input-channels"
+        if self.style in (FILTERS, INPUT_CHANNELS, CHANNELS):
+            style = {FILTERS: "filters", INPUT_CHANNELS: "input-channels"}.get(self.style,
+                                                                                "channels")
             return (f"{self.layer}  {style}-parallel  kernel {tuple(self.kernel_shape)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
         if self.einsum_axis is not None:
@@ -327,7 +334,7 @@ def plan_shards(model, layout_map, num_shards):
             continue
         layer, name, parent = _split_target(owners.get(id(variable)), variable, model)
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
-                else _conv_role(layer, name, variable) if _is_conv(layer)
+                else _conv_role(layer, name, variable) if _is_conv(layer) or _is_depthwise(layer)
                 else _embedding_role(layer, name, variable) if _is_embedding(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
@@ -343,7 +350,7 @@ def plan_shards(model, layout_map, num_shards):
 
 def _is_splittable(layer):
     return (type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
-            or _is_embedding(layer) or _is_einsum(layer))
+            or _is_depthwise(layer) or _is_embedding(layer) or _is_einsum(layer))
 
 
 def _is_einsum(layer):
@@ -421,6 +428,10 @@ def _is_conv(layer):
     return type(layer) in CONV_CLASSES.values()
 
 
+def _is_depthwise(layer):
+    return type(layer) in DEPTHWISE_CLASSES.values()
+
+
 def _shard_builder(layer):
     if _is_attention(layer):
         return _attention_shard
@@ -428,6 +439,8 @@ def _shard_builder(layer):
         return _embedding_shard
     if _is_einsum(layer):
         return _einsum_shard
+    if _is_depthwise(layer):
+        return _depthwise_shard
     return _conv_shard if _is_conv(layer) else _layer_shard
 
 
@@ -468,14 +481,16 @@ def _refuse_class(layer, name, variable):
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
         f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
         f"keras.layers.EinsumDense (along one kernel axis), keras.layers.MultiHeadAttention "
-        f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D (by output or input channels) "
-        f"and keras.layers.Embedding (by vocabulary) so far{inside}; other convolutions "
-        "(depthwise, separable, transposed) are not split yet. Drop that entry from the "
-        "layout (the layer then runs replicated).")
+        f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D (by output or input channels), "
+        f"DepthwiseConv1D and DepthwiseConv2D (by channels) and keras.layers.Embedding (by "
+        f"vocabulary) so far{inside}; other convolutions (separable: split its depthwise and "
+        "pointwise layers; transposed) are not split yet. Drop that entry from the layout "
+        "(the layer then runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                    "kernel_constraint", "bias_constraint")
+                    "kernel_constraint", "bias_constraint", "depthwise_regularizer",
+                    "depthwise_constraint")
 
 
 EMBEDDING_UNSPLIT_FEATURES = ("embeddings_regularizer", "activity_regularizer",
@@ -628,9 +643,10 @@ def _attention_shard(layer, name, parent, roles, axis, num_shards):
 
 
 def _conv_role(layer, name, variable):
-    """`"kernel"` or `"bias"` of a splittable convolution, else a `ShardLayoutError` saying
-    why."""
-    grouped = layer.groups != 1 and f"it is grouped (groups={layer.groups}; not split yet)"
+    """`"kernel"` or `"bias"` of a splittable convolution (depthwise too), else a
+    `ShardLayoutError` saying why."""
+    groups = getattr(layer, "groups", 1)  # a depthwise convolution has none
+    grouped = groups != 1 and f"it is grouped (groups={groups}; not split yet)"
     return _kernel_or_bias_role(layer, type(layer).__name__, name, variable, grouped,
                                 _lora(layer),
                                 _unsplit_feature(lambda feature: getattr(layer, feature, None)))
@@ -673,4 +689,31 @@ def _conv_shard(layer, name, parent, roles, axis, num_shards):
             f"{num_shards} devices, but {split} does not divide by {num_shards}. Use a "
             "tensor_parallel that divides it, or drop the layer from the layout.")
     return LayerShard(layer=name, style=style, kernel_path=path, input_dim=shape[-2],
+                      units=shape[-1], parent=parent, kernel_shape=shape)
+
+
+def _depthwise_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of a depthwise convolution split by channels, from its kernel's
+    layout (`units` is its depth multiplier)."""
+    kind = type(layer).__name__
+    shape = tuple(int(d) for d in layer.kernel.shape)
+    path = layer.kernel.path
+    wanted = (None,) * (len(shape) - 2) + (axis, None)
+    if roles.get("kernel") != wanted:
+        raise ShardLayoutError(
+            f"The layout of {path!r} ({kind} layer {name!r}, kernel (..., channels, "
+            f"depth_multiplier) {shape}) is {roles.get('kernel')}; tfdist splits a depthwise "
+            f"convolution by its channels only: {wanted} (its bias goes with them).")
+    bias = roles.get("bias")
+    if bias is not None and bias != (axis,):
+        raise ShardLayoutError(
+            f"The layout of the bias {layer.bias.path!r} of the {kind} layer {name!r} is "
+            f"{bias}; a bias is split with its channels: ({axis!r},).")
+    channels = shape[-2]
+    if channels % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {channels} channels of {path!r} ({kind} layer {name!r}) "
+            f"over {num_shards} devices, but {channels} does not divide by {num_shards}. Use a "
+            "tensor_parallel that divides it, or drop the layer from the layout.")
+    return LayerShard(layer=name, style=CHANNELS, kernel_path=path, input_dim=channels,
                       units=shape[-1], parent=parent, kernel_shape=shape)

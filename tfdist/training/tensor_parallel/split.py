@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfdist.distribute.introspection import num_workers
 from tfdist.seam import direct_sublayers, model_compile_config
+from tfdist.training.tensor_parallel.depthwise import CHANNELS, ShardedDepthwiseConv
 from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
 from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, INPUT_CHANNELS,
@@ -41,8 +42,8 @@ from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab
 from tfdist.runtime.argtypes import check_int_at_least
 
 
-SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv, VocabParallelEmbedding,
-                  ShardedEinsumDense)
+SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv, ShardedDepthwiseConv,
+                  VocabParallelEmbedding, ShardedEinsumDense)
 """The layer classes a split model's split layers have."""
 
 
@@ -156,7 +157,7 @@ def _is_linear_activation(layer):
 
 def sharded_layer(layer, style, devices, letter=None):
     """The split of `layer` (a Dense, a MultiHeadAttention split by heads, a convolution split
-    by filters or input channels) over `devices`.
+    by filters or input channels, a depthwise one by channels) over `devices`.
 
     Example:
 
@@ -167,6 +168,8 @@ def sharded_layer(layer, style, devices, letter=None):
         return ShardedMultiHeadAttention.from_attention(layer, devices)
     if style in (FILTERS, INPUT_CHANNELS):
         return ShardedConv.from_conv(layer, devices, style)
+    if style == CHANNELS:
+        return ShardedDepthwiseConv.from_depthwise(layer, devices)
     if style == VOCABULARY:
         return VocabParallelEmbedding.from_embedding(layer, devices)
     if letter is not None:

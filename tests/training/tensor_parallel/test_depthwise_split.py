@@ -1,0 +1,128 @@
+"""Depthwise convolutions split by channels (`DepthwiseConv2D` kernel laid out
+`(None, None, "model", None)`, `DepthwiseConv1D` likewise) on the session's 2 logical CPUs:
+a separable block split end to end (a convolution by filters, the depthwise one by channels,
+the 1x1 pointwise one by input channels) trains exactly like one device, each shard reading
+the previous one's piece on its own device; the split run saves the model as built with its
+Adam state; layouts tfdist cannot split are refused, saying why.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist.training.tensor_parallel.depthwise as depthwise
+import tfdist.training.tensor_parallel.layers as layers
+from tfdist.training import Trainer
+from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
+from helpers.tensor_parallel_conv import (ATOL, CLASSES, RTOL, assert_trains_like_one_device,
+                                          images, mesh)
+
+
+def separable_model(seed=5):
+    """stem (by filters, relu) -> depthwise x2 (by channels, relu) -> pointwise 1x1 (by input
+    channels, no bias: before a batch norm its gradient is rounding noise, which Adam would
+    magnify) -> BN -> head."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3), name="images")
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="stem")(inputs)
+    x = keras.layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same", activation="relu",
+                                     name="dw")(x)
+    x = keras.layers.Conv2D(6, 1, use_bias=False, name="pw")(x)
+    x = keras.layers.BatchNormalization(name="bn")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(x), name="separable")
+
+
+def separable_layout():
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["stem/kernel"] = (None, None, None, "model")
+    layout_map["dw/kernel"] = (None, None, "model", None)
+    layout_map["dw/bias"] = ("model",)
+    layout_map["pw/kernel"] = (None, None, "model", None)
+    return layout_map
+
+
+def test_a_separable_block_split_end_to_end_trains_like_one_device(monkeypatch):
+    handed_over = []  # (reader, whether it found the previous layer's pieces)
+    for module in (depthwise, layers):
+        def spy(tensor, num_pieces=None, width=None, original=module.pieces_of,
+                reader=module.__name__.rsplit(".", 1)[1]):
+            pieces = original(tensor, num_pieces, width)
+            handed_over.append((reader, pieces is not None))
+            return pieces
+        monkeypatch.setattr(module, "pieces_of", spy)
+    x, y = images(32, 8)
+    trainer = assert_trains_like_one_device(separable_model, separable_layout(), x, y, batch=8)
+    assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
+        ("stem", "filters"), ("dw", "channels"), ("pw", "input_channels")]
+    assert "dw  channels-parallel  kernel (3, 3, 8, 2) -> 2 x (3, 3, 4, 2)" in (
+        trainer.shard_plan.describe())
+    dw = trainer.model.get_layer("dw")
+    assert [tuple(conv.bias.shape) for conv in dw.convs] == [(8,), (8,)]
+    assert [conv.kernel.value.device[-5:] for conv in dw.convs] == ["CPU:0", "CPU:1"]
+    # dw read the stem's pieces and pw read dw's, never a gathered output.
+    assert sorted(set(handed_over)) == [("depthwise", True), ("layers", True)], handed_over
+
+
+def test_depthwise_conv1d_split_by_channels_trains_like_one_device():
+    def build(seed=5):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((10, 4), name="inputs")
+        x = keras.layers.DepthwiseConv1D(3, depth_multiplier=3, name="dw")(inputs)
+        x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+        return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(x), name="dw1d")
+
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["dw/kernel"] = (None, "model", None)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(16, 10, 4)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(16,)).astype("int32")
+    trainer = assert_trains_like_one_device(build, layout_map, x, y, batch=8)
+    assert [type(conv).__name__ for conv in trainer.model.get_layer("dw").convs] == [
+        "DepthwiseConv1D"] * 2
+
+
+def test_a_split_separable_run_saves_the_whole_model_with_adams_state(tmp_path):
+    x, y = images(16, 8)
+    saved = {}
+    for layout_map in (None, separable_layout()):
+        model = separable_model()
+        model.compile(keras.optimizers.Adam(0.01),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        extra = dict(tensor_parallel=2, layout_map=layout_map) if layout_map else {}
+        trainer = Trainer(model, **extra)
+        trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        trainer.model.save(tmp_path / f"split{bool(layout_map)}.keras")
+        loaded = keras.saving.load_model(tmp_path / f"split{bool(layout_map)}.keras")
+        assert type(loaded.get_layer("dw")) is keras.layers.DepthwiseConv2D
+        saved[bool(layout_map)] = [np.asarray(v)
+                                   for v in loaded.weights + loaded.optimizer.variables]
+    for a, b in zip(saved[True], saved[False], strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_depthwise_layouts_tfdist_cannot_split_are_refused_saying_why():
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["dw/kernel"] = (None, None, None, "model")
+    with pytest.raises(ShardLayoutError, match=r"splits a depthwise convolution by its "
+                                               r"channels only: \(None, None, 'model', None\)"):
+        plan_shards(separable_model(), layout_map, 2)
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["dw/kernel"] = (None, None, "model", None)
+    layout_map["dw/bias"] = (None,)
+    plan_shards(separable_model(), layout_map, 2)  # an unsplit bias layout: split with them
+    four = keras.distribution.LayoutMap(keras.distribution.DeviceMesh(
+        (4,), ["model"], devices=[f"cpu:{i}" for i in range(4)]))
+    four["dw/kernel"] = (None, None, "model", None)
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((8, 8, 6))
+    model = keras.Model(inputs, keras.layers.DepthwiseConv2D(3, name="dw")(inputs))
+    with pytest.raises(ShardLayoutError, match="the 6 channels .* 6 does not divide by 4"):
+        plan_shards(model, four, 4)
+    inputs = keras.Input((8, 8, 4))
+    model = keras.Model(inputs, keras.layers.DepthwiseConv2D(
+        3, depthwise_regularizer="l2", name="dw")(inputs))
+    with pytest.raises(ShardLayoutError, match="depthwise_regularizer"):
+        plan_shards(model, four, 4)
+    assert tf.config.list_logical_devices("CPU")  # the session's logical CPUs exist
