@@ -38,3 +38,22 @@ def assert_trains_like_one_device(build, layout_map, x, y, batch):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
     assert not np.allclose(two_model.get_weights()[0], build().get_weights()[0])  # it trained
     return trainer
+
+
+def adam_trained(build, layout_map, x, y):
+    """`build()` trained one epoch with Adam (split when `layout_map` is given): the model
+    and its Trainer."""
+    model = build()
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    extra = dict(tensor_parallel=2, layout_map=layout_map) if layout_map is not None else {}
+    trainer = Trainer(model, **extra)
+    trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    return model, trainer
+
+
+def assert_same_state(ours, reference):
+    """Two loaded models' weights and optimizer variables agree, in order."""
+    for a, b in zip(ours.weights + ours.optimizer.variables,
+                    reference.weights + reference.optimizer.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)

@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfdist.training.tensor_parallel.depthwise as depthwise
 import tfdist.training.tensor_parallel.layers as layers
-from tfdist.training import Trainer
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
-from helpers.tensor_parallel_conv import (ATOL, CLASSES, RTOL, assert_trains_like_one_device,
-                                          images, mesh)
+from helpers.tensor_parallel_conv import (CLASSES, adam_trained, assert_same_state,
+                                          assert_trains_like_one_device, images, mesh)
 
 
 def separable_model(seed=5):
@@ -44,14 +42,15 @@ def separable_layout():
 
 
 def test_a_separable_block_split_end_to_end_trains_like_one_device(monkeypatch):
-    handed_over = []  # (reader, whether it found the previous layer's pieces)
-    for module in (depthwise, layers):
-        def spy(tensor, num_pieces=None, width=None, original=module.pieces_of,
-                reader=module.__name__.rsplit(".", 1)[1]):
-            pieces = original(tensor, num_pieces, width)
-            handed_over.append((reader, pieces is not None))
-            return pieces
-        monkeypatch.setattr(module, "pieces_of", spy)
+    handed_over = []  # whether each split layer reading channel pieces found them handed over
+    original = layers.pieces_of
+
+    def spy(tensor, num_pieces=None, width=None):
+        pieces = original(tensor, num_pieces, width)
+        handed_over.append(pieces is not None)
+        return pieces
+
+    monkeypatch.setattr(layers, "pieces_of", spy)
     x, y = images(32, 8)
     trainer = assert_trains_like_one_device(separable_model, separable_layout(), x, y, batch=8)
     assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
@@ -61,8 +60,8 @@ def test_a_separable_block_split_end_to_end_trains_like_one_device(monkeypatch):
     dw = trainer.model.get_layer("dw")
     assert [tuple(conv.bias.shape) for conv in dw.convs] == [(8,), (8,)]
     assert [conv.kernel.value.device[-5:] for conv in dw.convs] == ["CPU:0", "CPU:1"]
-    # dw read the stem's pieces and pw read dw's, never a gathered output.
-    assert sorted(set(handed_over)) == [("depthwise", True), ("layers", True)], handed_over
+    # dw read the stem's pieces and pw read dw's (two reads a trace), never a gathered output.
+    assert len(handed_over) >= 2 and all(handed_over), handed_over
 
 
 def test_depthwise_conv1d_split_by_channels_trains_like_one_device():
@@ -85,21 +84,13 @@ def test_depthwise_conv1d_split_by_channels_trains_like_one_device():
 
 def test_a_split_separable_run_saves_the_whole_model_with_adams_state(tmp_path):
     x, y = images(16, 8)
-    saved = {}
+    loaded = []
     for layout_map in (None, separable_layout()):
-        model = separable_model()
-        model.compile(keras.optimizers.Adam(0.01),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        extra = dict(tensor_parallel=2, layout_map=layout_map) if layout_map else {}
-        trainer = Trainer(model, **extra)
-        trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-        trainer.model.save(tmp_path / f"split{bool(layout_map)}.keras")
-        loaded = keras.saving.load_model(tmp_path / f"split{bool(layout_map)}.keras")
-        assert type(loaded.get_layer("dw")) is keras.layers.DepthwiseConv2D
-        saved[bool(layout_map)] = [np.asarray(v)
-                                   for v in loaded.weights + loaded.optimizer.variables]
-    for a, b in zip(saved[True], saved[False], strict=True):
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+        _, trainer = adam_trained(separable_model, layout_map, x, y)
+        trainer.model.save(tmp_path / f"split{layout_map is not None}.keras")
+        loaded.append(keras.saving.load_model(tmp_path / f"split{layout_map is not None}.keras"))
+        assert type(loaded[-1].get_layer("dw")) is keras.layers.DepthwiseConv2D
+    assert_same_state(loaded[1], loaded[0])
 
 
 def test_depthwise_layouts_tfdist_cannot_split_are_refused_saying_why():

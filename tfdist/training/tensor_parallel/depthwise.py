@@ -22,8 +22,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.training.tensor_parallel.layers import (attach_pieces, config_and_identity,
-                                                    on_device, pieces_of)
+from tfdist.training.tensor_parallel.layers import (attach_pieces, channel_pieces,
+                                                    config_and_identity, on_device)
 
 CHANNELS = "channels"
 """Style of a depthwise convolution split by channels (kernel axis -2, bias split too)."""
@@ -95,16 +95,7 @@ class ShardedDepthwiseConv(keras.layers.Layer):
                 conv.build(tuple(shard_shape))
 
     def call(self, inputs):
-        k = self.num_shards
-        width = int(inputs.shape[self.channel_axis]) // k
-        pieces = pieces_of(inputs, k, width) if self.channel_axis == -1 else None
-        if pieces is None:
-            pieces = []
-            for index, device in enumerate(self.devices):
-                with tf.device(device):
-                    pieces.append(inputs[..., index * width:(index + 1) * width]
-                                  if self.channel_axis == -1 else
-                                  inputs[:, index * width:(index + 1) * width])
+        pieces = channel_pieces(inputs, self.devices, self.channel_axis)
         outputs = [on_device(device, conv, piece)
                    for device, conv, piece in zip(self.devices, self.convs, pieces, strict=True)]
         with tf.device(self.devices[0]):

@@ -85,6 +85,28 @@ def pieces_of(tensor, num_pieces=None, width=None):
     return pieces
 
 
+def channel_pieces(tensor, devices, channel_axis=-1):
+    """The K per-device pieces of `tensor`'s channels (K = len(devices), equal widths): the
+    pieces a split layer handed over with it (channels last), else slices cut on each device.
+
+    Example:
+
+    >>> [piece.shape for piece in channel_pieces(tf.ones((2, 8)), ["/cpu:0", "/cpu:1"])]
+    [TensorShape([2, 4]), TensorShape([2, 4])]
+    """
+    k = len(devices)
+    width = int(tensor.shape[channel_axis]) // k
+    pieces = pieces_of(tensor, k, width) if channel_axis == -1 else None
+    if pieces is not None:
+        return list(pieces)
+    cut = []
+    for index, device in enumerate(devices):
+        with tf.device(device):
+            cut.append(tensor[..., index * width:(index + 1) * width] if channel_axis == -1
+                       else tensor[:, index * width:(index + 1) * width])
+    return cut
+
+
 def on_device(device, function, *inputs):
     """`function(*inputs)` computed on `device`, and its backward on `device` too.
 
@@ -272,14 +294,8 @@ class ShardedDense(keras.layers.Layer):
         return attach_pieces(output, pieces)
 
     def _row(self, x):
-        k = self.num_shards
-        width = int(self.kernels[0].shape[0])
-        pieces = pieces_of(x, k, width)
-        if pieces is None:
-            pieces = []
-            for index, device in enumerate(self.devices):
-                with tf.device(device):
-                    pieces.append(x[..., index * width:(index + 1) * width])
+        pieces = channel_pieces(x, self.devices)
+
         def row(index):
             return lambda inputs: keras.ops.matmul(inputs, self.kernels[index])
 
@@ -641,16 +657,7 @@ class ShardedConv(keras.layers.Layer):
         return self._input_channels(inputs)
 
     def _input_channels(self, x):
-        k = self.num_shards
-        width = int(x.shape[self.channel_axis]) // k
-        pieces = pieces_of(x, k, width) if self.channel_axis == -1 else None
-        if pieces is None:
-            pieces = []
-            for index, device in enumerate(self.devices):
-                with tf.device(device):
-                    pieces.append(x[..., index * width:(index + 1) * width]
-                                  if self.channel_axis == -1 else
-                                  x[:, index * width:(index + 1) * width])
+        pieces = channel_pieces(x, self.devices, self.channel_axis)
         partial = [on_device(device, conv, piece)
                    for device, conv, piece in zip(self.devices, self.convs, pieces, strict=True)]
         with tf.device(self.devices[0]):
