@@ -122,6 +122,37 @@ def test_conv1d_and_conv3d_split_by_filters_and_input_channels_train_like_one_de
     assert [type(conv).__name__ for conv in back.convs] == [f"Conv{rank}D"] * 2
 
 
+def upsampling_model(seed=5):
+    """Conv2DTranspose by filters (relu) -> Conv2DTranspose by input channels (bias) -> head:
+    a transposed kernel is (kh, kw, filters, in)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4, 4, 3), name="images")
+    x = keras.layers.Conv2DTranspose(8, 3, strides=2, padding="same", activation="relu",
+                                     name="up1")(inputs)
+    x = keras.layers.Conv2DTranspose(6, 3, strides=2, name="up2")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(x), name="upsampling")
+
+
+def test_transposed_convolutions_split_both_ways_train_like_one_device():
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["up1/kernel"] = (None, None, "model", None)  # filters
+    layout_map["up1/bias"] = ("model",)
+    layout_map["up2/kernel"] = (None, None, None, "model")  # input channels
+    x, y = images(16, 4)
+    trainer = assert_trains_like_one_device(upsampling_model, layout_map, x, y, batch=8)
+    assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
+        ("up1", "filters"), ("up2", "input_channels")]
+    assert "up1  filters-parallel  kernel (3, 3, 8, 3) -> 2 x (3, 3, 4, 3)" in (
+        trainer.shard_plan.describe())
+    assert [tuple(conv.kernel.shape) for conv in trainer.model.get_layer("up2").convs] == [
+        (3, 3, 6, 4)] * 2
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["up1/kernel"] = (None, None, None, "model")  # 3 input channels
+    with pytest.raises(ShardLayoutError, match="the 3 input channels .* 3 does not divide by 2"):
+        plan_shards(upsampling_model(), layout_map, 2)
+
+
 def test_a_split_conv_run_saves_the_whole_model_with_adams_state(tmp_path):
     """`trainer.model.save_weights` of a run split by filters and by input channels writes
     the model as built, its kernels and Adam's moments gathered along the split axis."""

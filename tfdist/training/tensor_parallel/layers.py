@@ -1,6 +1,6 @@
 """`ShardedDense` (a Dense layer split by channels), `ShardedMultiHeadAttention`
 (a MultiHeadAttention split by heads) and `ShardedConv` (a Conv1D, Conv2D or
-Conv3D split by output or input channels) over K devices.
+Conv3D, or a transposed one, split by output or input channels) over K devices.
 
 Each shard's kernel (and, column-parallel, its bias) is a variable of its
 own, created under `tf.device(<shard device>)`, and each shard's matmul runs
@@ -45,8 +45,22 @@ FILTERS = "filters"
 INPUT_CHANNELS = "input_channels"
 """Style of a convolution split by input channels (kernel axis -2, bias added after the sum)."""
 CONV_CLASSES = {"Conv1D": keras.layers.Conv1D, "Conv2D": keras.layers.Conv2D,
-                "Conv3D": keras.layers.Conv3D}
+                "Conv3D": keras.layers.Conv3D, "Conv1DTranspose": keras.layers.Conv1DTranspose,
+                "Conv2DTranspose": keras.layers.Conv2DTranspose,
+                "Conv3DTranspose": keras.layers.Conv3DTranspose}
 """The convolutions tfdist splits (by class name; subclasses are not split)."""
+
+
+def conv_kernel_axes(conv_class):
+    """`(filters axis, input channels axis)` of a convolution class's kernel: a convolution's
+    kernel is `(..., in, filters)`, a transposed one's `(..., filters, in)`.
+
+    Example:
+
+    >>> conv_kernel_axes("Conv2D"), conv_kernel_axes("Conv2DTranspose")
+    ((-1, -2), (-2, -1))
+    """
+    return (-2, -1) if conv_class.endswith("Transpose") else (-1, -2)
 VOCABULARY = "vocabulary"
 """Style of an `Embedding` split by vocabulary (the table's rows)."""
 _SHARDS = "_tfdist_tensor_parallel_shards"  # the pieces a column-parallel output carries
@@ -541,8 +555,8 @@ class ShardedMultiHeadAttention(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tfdist")
 class ShardedConv(keras.layers.Layer):
-    """A `keras.layers.Conv1D`, `Conv2D` or `Conv3D` split over K devices, by output channels
-    (filters) or by input channels.
+    """A `keras.layers.Conv1D`, `Conv2D` or `Conv3D` (or a transposed one) split over K
+    devices, by output channels (filters) or by input channels.
 
     By filters (`style="filters"`): shard i is a convolution of the same class
     with `filters / K` filters on device i (kernel `(..., in, filters/K)`, its
@@ -565,7 +579,8 @@ class ShardedConv(keras.layers.Layer):
         config: the `get_config()` of the convolution to split.
         devices: the K device names.
         style: `"filters"` or `"input_channels"`.
-        conv_class: the convolution's class name, `"Conv1D"`, `"Conv2D"` or `"Conv3D"`.
+        conv_class: the convolution's class name, a key of `CONV_CLASSES`
+            (`"Conv2D"`, `"Conv2DTranspose"`, ...).
         **kwargs: `keras.layers.Layer` arguments (`name`, ...).
 
     Example:
@@ -682,7 +697,8 @@ class ShardedConv(keras.layers.Layer):
 
     @property
     def _kernel_axis(self):
-        return -1 if self.style == FILTERS else -2
+        filters_axis, input_axis = conv_kernel_axes(self.conv_class)
+        return filters_axis if self.style == FILTERS else input_axis
 
     def load_from(self, conv):
         """Loads the weights of `conv`, the convolution this layer splits (each shard its

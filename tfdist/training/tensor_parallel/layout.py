@@ -39,7 +39,8 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   holds the kernel of input channels `[i*C/K, (i+1)*C/K)` and convolves those
   channels on device i; the K partial outputs are summed on the first device,
   then the bias (not split) is added and the activation applied. `Conv1D`
-  and `Conv3D` are split the same ways (one spatial axis fewer or more).
+  and `Conv3D` are split the same ways (one spatial axis fewer or more), and
+  so are the transposed convolutions, whose kernels are `(..., filters, in)`.
 * A `keras.layers.DepthwiseConv2D` (or `DepthwiseConv1D`) whose kernel
   `(kh, kw, channels, depth_multiplier)` is laid out
   `(None, None, "model", None)` is split **by channels**: shard i filters
@@ -54,8 +55,8 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
 
 Anything a layout shards that tfdist cannot split is refused, naming the
 layer, the variable path and why: a layer that is not a plain Dense,
-MultiHeadAttention, Conv1D/2D/3D, DepthwiseConv1D/2D or Embedding (the class is
-named; separable and transposed convolutions are not split yet), an embedding laid out on
+MultiHeadAttention, Conv1D/2D/3D (transposed too), DepthwiseConv1D/2D or Embedding
+(the class is named; a separable convolution is not split as one layer), an embedding laid out on
 its width or whose vocabulary K does not divide, an attention laid out in part, a layer
 deeper than one level inside a top-level layer or not held as an attribute
 of it (a layer is split at the model's top level, or as an attribute of a
@@ -82,7 +83,8 @@ from tfdist.training.model_parallel.stages import layer_graph
 from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
 from tfdist.training.tensor_parallel.depthwise import CHANNELS, DEPTHWISE_CLASSES
 from tfdist.training.tensor_parallel.layers import (COLUMN, CONV_CLASSES, FILTERS, HEADS,
-                                                    INPUT_CHANNELS, ROW, VOCABULARY)
+                                                    INPUT_CHANNELS, ROW, VOCABULARY,
+                                                    conv_kernel_axes)
 
 
 class ShardLayoutError(ValueError):
@@ -115,6 +117,9 @@ class LayerShard:
             an EinsumDense's), or None for a Dense's `(input_dim, units)`.
         einsum_letter: for an EinsumDense, the equation letter of the split
             kernel axis; None otherwise.
+        einsum_axis: for an EinsumDense, the split kernel axis; None otherwise.
+        split_axis: for a convolution, the split kernel axis (negative); None
+            otherwise.
 
     Example:
 
@@ -131,6 +136,7 @@ class LayerShard:
     kernel_shape: tuple = None
     einsum_letter: str = None
     einsum_axis: int = None
+    split_axis: int = None
 
     def shard_shape(self, num_shards):
         """The shape of one kernel shard (split attention: `(heads per shard,)`).
@@ -140,18 +146,15 @@ class LayerShard:
         >>> LayerShard("down", ROW, "down/kernel", 64, 16).shard_shape(2)
         (32, 16)
         """
-        if self.einsum_axis is not None:
+        axis = self.einsum_axis if self.einsum_axis is not None else self.split_axis
+        if axis is not None:
             shape = list(self.kernel_shape)
-            shape[self.einsum_axis] //= num_shards
+            shape[axis] //= num_shards
             return tuple(shape)
         if self.style == COLUMN:
             return (self.input_dim, self.units // num_shards)
         if self.style == HEADS:
             return (self.units // num_shards,)
-        if self.style == FILTERS:
-            return tuple(self.kernel_shape[:-1]) + (self.units // num_shards,)
-        if self.style in (INPUT_CHANNELS, CHANNELS):
-            return tuple(self.kernel_shape[:-2]) + (self.input_dim // num_shards, self.units)
         return (self.input_dim // num_shards, self.units)  # ROW, VOCABULARY
 
     def describe(self, num_shards):
@@ -481,11 +484,11 @@ def _refuse_class(layer, name, variable):
         f"The layout shards the variable {variable.path!r} of the layer {name!r}, a "
         f"{type(layer).__name__}: tfdist splits only keras.layers.Dense, "
         f"keras.layers.EinsumDense (along one kernel axis), keras.layers.MultiHeadAttention "
-        f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D (by output or input channels), "
-        f"DepthwiseConv1D and DepthwiseConv2D (by channels) and keras.layers.Embedding (by "
-        f"vocabulary) so far{inside}; other convolutions (separable: split its depthwise and "
-        "pointwise layers; transposed) are not split yet. Drop that entry from the layout "
-        "(the layer then runs replicated).")
+        f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D and their transposed forms (by "
+        f"output or input channels), DepthwiseConv1D and DepthwiseConv2D (by channels) and "
+        f"keras.layers.Embedding (by vocabulary) so far{inside}; a separable convolution is "
+        "not split as one layer (build it as a depthwise and a 1x1 convolution). Drop that "
+        "entry from the layout (the layer then runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
@@ -653,13 +656,16 @@ def _conv_role(layer, name, variable):
 
 
 def _conv_shard(layer, name, parent, roles, axis, num_shards):
-    """The `LayerShard` of a convolution split by output or input channels, from its
-    kernel's layout."""
+    """The `LayerShard` of a convolution (or a transposed one) split by output or input
+    channels, from its kernel's layout."""
     kind = type(layer).__name__
     shape = tuple(int(d) for d in layer.kernel.shape)
     path = layer.kernel.path
-    spatial = (None,) * (len(shape) - 2)
-    by_filters, by_inputs = spatial + (None, axis), spatial + (axis, None)
+    filters_axis, input_axis = conv_kernel_axes(kind)
+    by_filters, by_inputs = ([None] * len(shape), [None] * len(shape))
+    by_filters[filters_axis] = by_inputs[input_axis] = axis
+    by_filters, by_inputs = tuple(by_filters), tuple(by_inputs)
+    order = "(..., filters, in)" if filters_axis == -2 else "(..., in, filters)"
     if "kernel" not in roles:
         raise ShardLayoutError(
             f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r} but "
@@ -668,11 +674,11 @@ def _conv_shard(layer, name, parent, roles, axis, num_shards):
     axes = roles["kernel"]
     if axes not in (by_filters, by_inputs):
         raise ShardLayoutError(
-            f"The layout of {path!r} ({kind} layer {name!r}, kernel (..., in, filters) "
-            f"{shape}) is {axes}; tfdist splits a convolution by its output channels, "
-            f"{by_filters}, or by its input channels, {by_inputs}.")
-    style, split, what = ((FILTERS, shape[-1], "filters") if axes == by_filters else
-                          (INPUT_CHANNELS, shape[-2], "input channels"))
+            f"The layout of {path!r} ({kind} layer {name!r}, kernel {order} {shape}) is "
+            f"{axes}; tfdist splits a convolution by its output channels, {by_filters}, or by "
+            f"its input channels, {by_inputs}.")
+    style, split_axis, what = ((FILTERS, filters_axis, "filters") if axes == by_filters else
+                               (INPUT_CHANNELS, input_axis, "input channels"))
     bias = roles.get("bias")
     if bias is not None and style == FILTERS and bias != (axis,):
         raise ShardLayoutError(
@@ -683,13 +689,15 @@ def _conv_shard(layer, name, parent, roles, axis, num_shards):
             f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}, "
             "which is split by input channels: its bias is added once, after the partial "
             "outputs are summed, so it is not split. Lay it out as (None,) or drop its entry.")
+    split = shape[split_axis]
     if split % num_shards:
         raise ShardLayoutError(
             f"The layout splits the {split} {what} of {path!r} ({kind} layer {name!r}) over "
             f"{num_shards} devices, but {split} does not divide by {num_shards}. Use a "
             "tensor_parallel that divides it, or drop the layer from the layout.")
-    return LayerShard(layer=name, style=style, kernel_path=path, input_dim=shape[-2],
-                      units=shape[-1], parent=parent, kernel_shape=shape)
+    return LayerShard(layer=name, style=style, kernel_path=path, input_dim=shape[input_axis],
+                      units=shape[filters_axis], parent=parent, kernel_shape=shape,
+                      split_axis=split_axis)
 
 
 def _depthwise_shard(layer, name, parent, roles, axis, num_shards):
@@ -716,4 +724,4 @@ def _depthwise_shard(layer, name, parent, roles, axis, num_shards):
             f"over {num_shards} devices, but {channels} does not divide by {num_shards}. Use a "
             "tensor_parallel that divides it, or drop the layer from the layout.")
     return LayerShard(layer=name, style=CHANNELS, kernel_path=path, input_dim=channels,
-                      units=shape[-1], parent=parent, kernel_shape=shape)
+                      units=shape[-1], parent=parent, kernel_shape=shape, split_axis=-2)
