@@ -93,6 +93,52 @@ def test_a_split_separable_run_saves_the_whole_model_with_adams_state(tmp_path):
     assert_same_state(loaded[1], loaded[0])
 
 
+def separable_layer_model(rank, seed=5):
+    """stem (by filters) -> SeparableConv{rank}D (by input channels, bias, relu) -> head."""
+    keras.utils.set_random_seed(seed)
+    conv = {1: keras.layers.Conv1D, 2: keras.layers.Conv2D}[rank]
+    separable = {1: keras.layers.SeparableConv1D, 2: keras.layers.SeparableConv2D}[rank]
+    pool = {1: keras.layers.GlobalAveragePooling1D, 2: keras.layers.GlobalAveragePooling2D}[rank]
+    inputs = keras.Input((8,) * rank + (3,), name="inputs")
+    x = conv(8, 3, padding="same", activation="relu", name="stem")(inputs)
+    x = separable(6, 3, depth_multiplier=2, activation="relu", name="sep")(x)
+    x = pool(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(CLASSES, name="head")(x), name=f"sep{rank}d")
+
+
+def separable_layer_layout(rank):
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["stem/kernel"] = (None,) * rank + (None, "model")
+    layout_map["sep/(depthwise|pointwise)_kernel"] = (None,) * rank + ("model", None)
+    return layout_map
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_a_separable_conv_layer_split_by_input_channels_trains_like_one_device(rank):
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(16,) + (8,) * rank + (3,)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(16,)).astype("int32")
+    trainer = assert_trains_like_one_device(lambda: separable_layer_model(rank),
+                                            separable_layer_layout(rank), x, y, batch=8)
+    assert [(s.layer, s.style) for s in trainer.shard_plan.layers] == [
+        ("stem", "filters"), ("sep", "separable")]
+    sep = trainer.model.get_layer("sep")
+    if rank == 2:
+        assert [tuple(c.depthwise_kernel.shape) for c in sep.convs] == [(3, 3, 4, 2)] * 2
+        assert [tuple(c.pointwise_kernel.shape) for c in sep.convs] == [(1, 1, 8, 6)] * 2
+    assert sep.bias.value.device[-5:] == "CPU:0"
+
+
+def test_a_split_separable_conv_layer_saves_the_whole_model_with_adams_state(tmp_path):
+    x, y = images(16, 8)
+    loaded = []
+    for layout_map in (None, separable_layer_layout(2)):
+        _, trainer = adam_trained(lambda: separable_layer_model(2), layout_map, x, y)
+        trainer.model.save(tmp_path / f"sep{layout_map is not None}.keras")
+        loaded.append(keras.saving.load_model(tmp_path / f"sep{layout_map is not None}.keras"))
+    assert_same_state(loaded[1], loaded[0])
+
+
 def test_depthwise_layouts_tfdist_cannot_split_are_refused_saying_why():
     layout_map = keras.distribution.LayoutMap(mesh())
     layout_map["dw/kernel"] = (None, None, None, "model")
@@ -116,4 +162,12 @@ def test_depthwise_layouts_tfdist_cannot_split_are_refused_saying_why():
         3, depthwise_regularizer="l2", name="dw")(inputs))
     with pytest.raises(ShardLayoutError, match="depthwise_regularizer"):
         plan_shards(model, four, 4)
+    layout_map = keras.distribution.LayoutMap(mesh())
+    layout_map["sep/depthwise_kernel"] = (None, None, "model", None)  # not its pointwise half
+    with pytest.raises(ShardLayoutError, match="both kernels together"):
+        plan_shards(separable_layer_model(2), layout_map, 2)
+    layout_map["sep/pointwise_kernel"] = (None, None, "model", None)
+    layout_map["sep/bias"] = ("model",)
+    with pytest.raises(ShardLayoutError, match="bias 'sep/bias' .* it is added once"):
+        plan_shards(separable_layer_model(2), layout_map, 2)
     assert tf.config.list_logical_devices("CPU")  # the session's logical CPUs exist

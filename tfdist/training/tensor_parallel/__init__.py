@@ -20,7 +20,7 @@ Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
 (the split model, weights in and out, devices, the Trainer's checks), `whole`
 (Keras's saving of the split copy writes the model as built, weights and
 optimizer state gathered), `einsum` (`ShardedEinsumDense`), `depthwise`
-(`ShardedDepthwiseConv`), `embedding`
+(`ShardedDepthwiseConv`, `ShardedSeparableConv`), `embedding`
 (`VocabParallelEmbedding`), `vocab_loss` (the cross-entropy of logits split by
 vocabulary), `steps` (the step functions: one split replica per worker, data
 parallel across workers).

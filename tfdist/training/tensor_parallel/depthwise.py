@@ -1,5 +1,6 @@
 """`ShardedDepthwiseConv`: a `DepthwiseConv1D` or `DepthwiseConv2D` split by channels over K
-devices.
+devices; `ShardedSeparableConv`: a `SeparableConv1D` or `SeparableConv2D` split by its input
+channels.
 
 A depthwise convolution filters each input channel on its own (`depth_multiplier`
 outputs per channel, output channel `c * M + m`), so splitting its channels
@@ -12,6 +13,12 @@ takes each on its own device: after a convolution split by filters, and before
 a 1x1 convolution split by input channels (a separable convolution's
 pointwise half), a depthwise block then runs with no gather at all.
 
+A separable convolution is a depthwise one followed by a 1x1 one in a single
+layer; split by input channels, shard i runs both halves on its channels
+(its depthwise kernel `(..., C/K, M)` and the pointwise rows of its
+`C/K*M` depthwise outputs), and the K partial outputs are summed on the
+first device, then the bias (not split) and the activation are applied.
+
 Example:
 
     layer = ShardedDepthwiseConv.from_depthwise(model.get_layer("dw"),
@@ -22,14 +29,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.training.tensor_parallel.layers import (attach_pieces, channel_pieces,
-                                                    config_and_identity, on_device)
+from tfdist.training.tensor_parallel.layers import (INPUT_CHANNELS, ShardedConv, attach_pieces,
+                                                    channel_pieces, config_and_identity,
+                                                    on_device)
 
 CHANNELS = "channels"
 """Style of a depthwise convolution split by channels (kernel axis -2, bias split too)."""
 DEPTHWISE_CLASSES = {"DepthwiseConv1D": keras.layers.DepthwiseConv1D,
                      "DepthwiseConv2D": keras.layers.DepthwiseConv2D}
 """The depthwise convolutions tfdist splits (by class name; subclasses are not split)."""
+SEPARABLE = "separable"
+"""Style of a separable convolution split by input channels (both kernels' axis -2)."""
+SEPARABLE_CLASSES = {"SeparableConv1D": keras.layers.SeparableConv1D,
+                     "SeparableConv2D": keras.layers.SeparableConv2D}
+"""The separable convolutions tfdist splits (by class name; subclasses are not split)."""
 
 
 @keras.saving.register_keras_serializable(package="tfdist")
@@ -141,4 +154,85 @@ class ShardedDepthwiseConv(keras.layers.Layer):
         config = super().get_config()
         config.update(config=self.depthwise_config, devices=list(self.devices),
                       depthwise_class=self.depthwise_class)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdist")
+class ShardedSeparableConv(ShardedConv):
+    """A `SeparableConv1D` / `SeparableConv2D` split by input channels over K devices.
+
+    Shard i is a separable convolution without bias or activation over
+    channels `i*C/K .. (i+1)*C/K` on device i (its depthwise kernel
+    `(..., C/K, M)` and the pointwise rows of its `C/K*M` depthwise outputs);
+    the K partial outputs are summed on the first device (in float32 under a
+    mixed policy), then the bias is added once and the activation applied:
+    `ShardedConv` split by input channels, with two kernels.
+
+    Args:
+        config: the `get_config()` of the separable convolution to split.
+        devices: the K device names.
+        separable_class: `"SeparableConv1D"` or `"SeparableConv2D"`.
+        **kwargs: `keras.layers.Layer` arguments (`name`, ...).
+
+    Example:
+
+    >>> sep = keras.layers.SeparableConv2D(6, 3, padding="same", name="sep")
+    >>> layer = ShardedSeparableConv.from_separable(sep, ["/device:CPU:0", "/device:CPU:1"])
+    >>> layer(tf.ones((2, 5, 5, 4))).shape
+    TensorShape([2, 5, 5, 6])
+    """
+
+    classes = SEPARABLE_CLASSES
+
+    def __init__(self, config, devices, separable_class="SeparableConv2D", **kwargs):
+        super().__init__(config, devices, style=INPUT_CHANNELS, conv_class=separable_class,
+                         **kwargs)
+
+    @classmethod
+    def from_separable(cls, layer, devices):
+        """The split of the separable convolution `layer` (same name; weights loaded later).
+
+        Example:
+
+        >>> ShardedSeparableConv.from_separable(sep, devices).name
+        'sep'
+        """
+        config, identity = config_and_identity(layer)
+        return cls(config, devices, separable_class=type(layer).__name__, **identity)
+
+    def load_from(self, layer):
+        """Loads the weights of `layer`, the separable convolution this layer splits (each
+        shard its channels' depthwise kernel and pointwise rows).
+
+        Example:
+
+        >>> split.get_layer("sep").load_from(model.get_layer("sep"))
+        """
+        k = self.num_shards
+        depthwise = np.split(np.asarray(layer.depthwise_kernel), k, axis=-2)
+        pointwise = np.split(np.asarray(layer.pointwise_kernel), k, axis=-2)
+        for shard, dw, pw in zip(self.convs, depthwise, pointwise, strict=True):
+            shard.depthwise_kernel.assign(dw)
+            shard.pointwise_kernel.assign(pw)
+        if layer.use_bias:
+            self.bias.assign(np.asarray(layer.bias))
+
+    def gather_into(self, layer):
+        """Writes this layer's gathered weights into `layer` (the separable convolution it
+        splits).
+
+        Example:
+
+        >>> split.get_layer("sep").gather_into(model.get_layer("sep"))
+        """
+        for name in ("depthwise_kernel", "pointwise_kernel"):
+            getattr(layer, name).assign(np.concatenate(
+                [np.asarray(getattr(shard, name)) for shard in self.convs], axis=-2))
+        if layer.use_bias:
+            layer.bias.assign(np.asarray(self.bias))
+
+    def get_config(self):
+        config = super().get_config()
+        config["separable_class"] = config.pop("conv_class")
+        config.pop("style")
         return config

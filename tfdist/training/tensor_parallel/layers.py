@@ -121,6 +121,20 @@ def channel_pieces(tensor, devices, channel_axis=-1):
     return cut
 
 
+def add_channel_bias(outputs, bias, channel_axis=-1):
+    """`outputs + bias` along the channel axis of a convolution's outputs, in their dtype
+    (as Keras's convolutions add theirs).
+
+    Example:
+
+    >>> add_channel_bias(tf.zeros((1, 2, 2, 3)), tf.constant([1., 2., 3.]))[0, 0, 0]
+    <tf.Tensor: shape=(3,), dtype=float32, numpy=array([1., 2., 3.], dtype=float32)>
+    """
+    rank = len(outputs.shape) - 2
+    shape = ((1,) * (rank + 1) + (-1,) if channel_axis == -1 else (1, -1) + (1,) * rank)
+    return keras.ops.add(outputs, keras.ops.reshape(keras.ops.cast(bias, outputs.dtype), shape))
+
+
 def on_device(device, function, *inputs):
     """`function(*inputs)` computed on `device`, and its backward on `device` too.
 
@@ -593,12 +607,15 @@ class ShardedConv(keras.layers.Layer):
     [(3, 3, 3, 4), (3, 3, 3, 4)]
     """
 
+    classes = CONV_CLASSES
+    """The layer classes this class splits, by name."""
+
     def __init__(self, config, devices, style=FILTERS, conv_class="Conv2D", **kwargs):
         super().__init__(**kwargs)
         if style not in (FILTERS, INPUT_CHANNELS):
             raise ValueError(f"style must be {FILTERS!r} or {INPUT_CHANNELS!r}, got {style!r}.")
-        if conv_class not in CONV_CLASSES:
-            raise ValueError(f"conv_class must be one of {sorted(CONV_CLASSES)}, got "
+        if conv_class not in self.classes:
+            raise ValueError(f"conv_class must be one of {sorted(self.classes)}, got "
                              f"{conv_class!r}.")
         self.devices = tuple(devices)
         self.conv_config = dict(config)
@@ -618,7 +635,7 @@ class ShardedConv(keras.layers.Layer):
         shard_config = (dict(config, filters=filters // k) if style == FILTERS else
                         dict(config, use_bias=False, activation=None))  # bias, activation after
         prefix = "filters" if style == FILTERS else "channels"
-        self.convs = [CONV_CLASSES[conv_class].from_config(
+        self.convs = [self.classes[conv_class].from_config(
             dict(shard_config, name=f"{prefix}_{index}",
                  dtype=self.dtype_policy))  # the layer's policy (mixed precision)
             for index in range(k)]
@@ -678,10 +695,7 @@ class ShardedConv(keras.layers.Layer):
         with tf.device(self.devices[0]):
             y = sum_partial_products(partial)
             if self.use_bias:
-                rank = len(y.shape) - 2
-                shape = ((1,) * (rank + 1) + (self.filters,) if self.channel_axis == -1
-                         else (1, self.filters) + (1,) * rank)
-                y = keras.ops.add(y, keras.ops.reshape(keras.ops.cast(self.bias, y.dtype), shape))
+                y = add_channel_bias(y, self.bias, self.channel_axis)
             if self.activation is not None:
                 y = self.activation(y)
         return y

@@ -46,6 +46,11 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
   `(None, None, "model", None)` is split **by channels**: shard i filters
   channels `[i*C/K, (i+1)*C/K)` (kernel and bias) on device i, and the K
   output blocks are concatenated (`tfdist.training.tensor_parallel.depthwise`).
+* A `keras.layers.SeparableConv2D` (or `SeparableConv1D`) whose depthwise and
+  pointwise kernels are both laid out on their channel axis
+  (`(None, None, "model", None)`) is split **by input channels**: shard i runs
+  both halves on its channels, the K partial outputs are summed, then the
+  bias (not split) is added.
 * A `keras.layers.Embedding` whose table `(vocab, width)` is laid out
   `("model", None)` is split **by vocabulary**: shard i holds rows
   `[i*V/K, (i+1)*V/K)` and looks up the ids in them; the K partial lookups
@@ -55,8 +60,9 @@ description (it does not use Keras's TensorFlow `distribution_lib`, a
 
 Anything a layout shards that tfdist cannot split is refused, naming the
 layer, the variable path and why: a layer that is not a plain Dense,
-MultiHeadAttention, Conv1D/2D/3D (transposed too), DepthwiseConv1D/2D or Embedding
-(the class is named; a separable convolution is not split as one layer), an embedding laid out on
+MultiHeadAttention, Conv1D/2D/3D (transposed too), DepthwiseConv1D/2D,
+SeparableConv1D/2D or Embedding (the class is named; subclasses are not split),
+an embedding laid out on
 its width or whose vocabulary K does not divide, an attention laid out in part, a layer
 deeper than one level inside a top-level layer or not held as an attribute
 of it (a layer is split at the model's top level, or as an attribute of a
@@ -81,7 +87,8 @@ import keras
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
 from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
-from tfdist.training.tensor_parallel.depthwise import CHANNELS, DEPTHWISE_CLASSES
+from tfdist.training.tensor_parallel.depthwise import (CHANNELS, DEPTHWISE_CLASSES, SEPARABLE,
+                                                       SEPARABLE_CLASSES)
 from tfdist.training.tensor_parallel.layers import (COLUMN, CONV_CLASSES, FILTERS, HEADS,
                                                     INPUT_CHANNELS, ROW, VOCABULARY,
                                                     conv_kernel_axes)
@@ -168,9 +175,9 @@ class LayerShard:
         if self.style == HEADS:
             return (f"{self.layer}  heads-parallel  {self.units} heads -> {num_shards} x "
                     f"{self.units // num_shards}")
-        if self.style in (FILTERS, INPUT_CHANNELS, CHANNELS):
-            style = {FILTERS: "filters", INPUT_CHANNELS: "input-channels"}.get(self.style,
-                                                                                "channels")
+        if self.style in (FILTERS, INPUT_CHANNELS, CHANNELS, SEPARABLE):
+            style = {FILTERS: "filters", INPUT_CHANNELS: "input-channels",
+                     SEPARABLE: "separable-input-channels"}.get(self.style, "channels")
             return (f"{self.layer}  {style}-parallel  kernel {tuple(self.kernel_shape)} -> "
                     f"{num_shards} x {self.shard_shape(num_shards)}")
         if self.einsum_axis is not None:
@@ -338,6 +345,7 @@ def plan_shards(model, layout_map, num_shards):
         layer, name, parent = _split_target(owners.get(id(variable)), variable, model)
         role = (_attention_role(layer, name, variable) if _is_attention(layer)
                 else _conv_role(layer, name, variable) if _is_conv(layer) or _is_depthwise(layer)
+                else _separable_role(layer, name, variable) if _is_separable(layer)
                 else _embedding_role(layer, name, variable) if _is_embedding(layer)
                 else _dense_role(layer, name, variable))
         if name not in sharded:
@@ -353,7 +361,8 @@ def plan_shards(model, layout_map, num_shards):
 
 def _is_splittable(layer):
     return (type(layer) is keras.layers.Dense or _is_attention(layer) or _is_conv(layer)
-            or _is_depthwise(layer) or _is_embedding(layer) or _is_einsum(layer))
+            or _is_depthwise(layer) or _is_separable(layer) or _is_embedding(layer)
+            or _is_einsum(layer))
 
 
 def _is_einsum(layer):
@@ -435,6 +444,10 @@ def _is_depthwise(layer):
     return type(layer) in DEPTHWISE_CLASSES.values()
 
 
+def _is_separable(layer):
+    return type(layer) in SEPARABLE_CLASSES.values()
+
+
 def _shard_builder(layer):
     if _is_attention(layer):
         return _attention_shard
@@ -444,6 +457,8 @@ def _shard_builder(layer):
         return _einsum_shard
     if _is_depthwise(layer):
         return _depthwise_shard
+    if _is_separable(layer):
+        return _separable_shard
     return _conv_shard if _is_conv(layer) else _layer_shard
 
 
@@ -486,14 +501,14 @@ def _refuse_class(layer, name, variable):
         f"keras.layers.EinsumDense (along one kernel axis), keras.layers.MultiHeadAttention "
         f"(by heads), keras.layers.Conv1D, Conv2D and Conv3D and their transposed forms (by "
         f"output or input channels), DepthwiseConv1D and DepthwiseConv2D (by channels) and "
-        f"keras.layers.Embedding (by vocabulary) so far{inside}; a separable convolution is "
-        "not split as one layer (build it as a depthwise and a 1x1 convolution). Drop that "
-        "entry from the layout (the layer then runs replicated).")
+        f"SeparableConv1D and SeparableConv2D (by input channels) and keras.layers.Embedding "
+        f"(by vocabulary) so far{inside}. Drop that entry from the layout (the layer then "
+        "runs replicated).")
 
 
 UNSPLIT_FEATURES = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
                     "kernel_constraint", "bias_constraint", "depthwise_regularizer",
-                    "depthwise_constraint")
+                    "depthwise_constraint", "pointwise_regularizer", "pointwise_constraint")
 
 
 EMBEDDING_UNSPLIT_FEATURES = ("embeddings_regularizer", "activity_regularizer",
@@ -725,3 +740,45 @@ def _depthwise_shard(layer, name, parent, roles, axis, num_shards):
             "tensor_parallel that divides it, or drop the layer from the layout.")
     return LayerShard(layer=name, style=CHANNELS, kernel_path=path, input_dim=channels,
                       units=shape[-1], parent=parent, kernel_shape=shape, split_axis=-2)
+
+
+def _separable_role(layer, name, variable):
+    """`"depthwise_kernel"`, `"pointwise_kernel"` or `"bias"` of a splittable separable
+    convolution, else a `ShardLayoutError` saying why."""
+    kind = type(layer).__name__
+    _refuse_unsplit_features(kind, name, variable, _lora(layer),
+                             _unsplit_feature(lambda feature: getattr(layer, feature, None)))
+    for role in ("depthwise_kernel", "pointwise_kernel", "bias"):
+        if getattr(layer, role, None) is not None and variable is getattr(layer, role):
+            return role
+    raise ShardLayoutError(f"The variable {variable.path!r} of the {kind} layer {name!r} is "
+                           "none of its kernels or its bias.")
+
+
+def _separable_shard(layer, name, parent, roles, axis, num_shards):
+    """The `LayerShard` of a separable convolution split by input channels: both kernels laid
+    out on their channel axis (-2), the bias not split."""
+    kind = type(layer).__name__
+    shape = tuple(int(d) for d in layer.depthwise_kernel.shape)
+    wanted = {role: (None,) * (len(getattr(layer, role).shape) - 2) + (axis, None)
+              for role in ("depthwise_kernel", "pointwise_kernel")}
+    if any(roles.get(role) != axes for role, axes in wanted.items()):
+        raise ShardLayoutError(
+            f"The layout of the {kind} layer {name!r} is {roles}; tfdist splits a separable "
+            f"convolution by its input channels, both kernels together: depthwise_kernel "
+            f"{wanted['depthwise_kernel']} and pointwise_kernel {wanted['pointwise_kernel']} "
+            "(the bias is added once, after the sum, and not split).")
+    if roles.get("bias") not in (None, (None,)):
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}: it "
+            "is added once, after the partial outputs are summed, so it is not split. Lay it "
+            "out as (None,) or drop its entry.")
+    channels = shape[-2]
+    if channels % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {channels} input channels of the {kind} layer {name!r} "
+            f"over {num_shards} devices, but {channels} does not divide by {num_shards}. Use a "
+            "tensor_parallel that divides it, or drop the layer from the layout.")
+    return LayerShard(layer=name, style=SEPARABLE, kernel_path=layer.depthwise_kernel.path,
+                      input_dim=channels, units=int(layer.filters), parent=parent,
+                      kernel_shape=shape, split_axis=-2)

@@ -32,7 +32,8 @@ import tensorflow as tf
 
 from tfdist.distribute.introspection import num_workers
 from tfdist.seam import direct_sublayers, model_compile_config
-from tfdist.training.tensor_parallel.depthwise import CHANNELS, ShardedDepthwiseConv
+from tfdist.training.tensor_parallel.depthwise import (CHANNELS, SEPARABLE, ShardedDepthwiseConv,
+                                                       ShardedSeparableConv)
 from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
 from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, INPUT_CHANNELS,
@@ -43,7 +44,7 @@ from tfdist.runtime.argtypes import check_int_at_least
 
 
 SHARDED_LAYERS = (ShardedDense, ShardedMultiHeadAttention, ShardedConv, ShardedDepthwiseConv,
-                  VocabParallelEmbedding, ShardedEinsumDense)
+                  ShardedSeparableConv, VocabParallelEmbedding, ShardedEinsumDense)
 """The layer classes a split model's split layers have."""
 
 
@@ -170,6 +171,8 @@ def sharded_layer(layer, style, devices, letter=None):
         return ShardedConv.from_conv(layer, devices, style)
     if style == CHANNELS:
         return ShardedDepthwiseConv.from_depthwise(layer, devices)
+    if style == SEPARABLE:
+        return ShardedSeparableConv.from_separable(layer, devices)
     if style == VOCABULARY:
         return VocabParallelEmbedding.from_embedding(layer, devices)
     if letter is not None:
