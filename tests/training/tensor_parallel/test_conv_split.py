@@ -12,7 +12,7 @@ import pytest
 
 from tfdist.models import build_resnet, resnet_layout_map
 from tfdist.training.model_parallel.placement import variable_bytes_by_device
-from tfdist.training.tensor_parallel.layers import ShardedConv
+from tfdist.training.tensor_parallel.conv import ShardedConv
 from tfdist.training.tensor_parallel.layout import ShardLayoutError, plan_shards
 from helpers.tensor_parallel_conv import (CLASSES, adam_trained, assert_same_state,
                                           assert_trains_like_one_device, images, mesh)

@@ -16,7 +16,7 @@ shard a variable on its own device, each shard's computation on that device. Use
     trainer = Trainer(model, tensor_parallel=2, layout_map=layout_map)
 
 Modules: `layout` (a LayoutMap -> a per-layer `ShardPlan`, refusals),
-`layers` (`ShardedDense`, `ShardedMultiHeadAttention`, `ShardedConv`), `split`
+`layers` (`ShardedDense`, `ShardedMultiHeadAttention`), `conv` (`ShardedConv`), `split`
 (the split model, weights in and out, devices, the Trainer's checks), `whole`
 (Keras's saving of the split copy writes the model as built, weights and
 optimizer state gathered), `einsum` (`ShardedEinsumDense`), `depthwise`

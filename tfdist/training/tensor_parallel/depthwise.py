@@ -29,9 +29,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.training.tensor_parallel.layers import (INPUT_CHANNELS, ShardedConv, attach_pieces,
-                                                    channel_pieces, config_and_identity,
-                                                    on_device)
+from tfdist.training.tensor_parallel.conv import INPUT_CHANNELS, ShardedConv
+from tfdist.training.tensor_parallel.layers import (attach_pieces, channel_pieces,
+                                                    config_and_identity, on_device)
 
 CHANNELS = "channels"
 """Style of a depthwise convolution split by channels (kernel axis -2, bias split too)."""

@@ -86,12 +86,12 @@ import keras
 
 from tfdist.seam import direct_sublayers
 from tfdist.training.model_parallel.stages import layer_graph
-from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
+from tfdist.training.tensor_parallel.conv import (CONV_CLASSES, FILTERS, INPUT_CHANNELS,
+                                                  conv_kernel_axes)
 from tfdist.training.tensor_parallel.depthwise import (CHANNELS, DEPTHWISE_CLASSES, SEPARABLE,
                                                        SEPARABLE_CLASSES)
-from tfdist.training.tensor_parallel.layers import (COLUMN, CONV_CLASSES, FILTERS, HEADS,
-                                                    INPUT_CHANNELS, ROW, VOCABULARY,
-                                                    conv_kernel_axes)
+from tfdist.training.tensor_parallel.einsum import einsum_specs, split_style
+from tfdist.training.tensor_parallel.layers import COLUMN, HEADS, ROW, VOCABULARY
 
 
 class ShardLayoutError(ValueError):

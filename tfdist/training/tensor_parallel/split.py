@@ -36,8 +36,8 @@ from tfdist.training.tensor_parallel.depthwise import (CHANNELS, SEPARABLE, Shar
                                                        ShardedSeparableConv)
 from tfdist.training.tensor_parallel.einsum import ShardedEinsumDense
 from tfdist.training.tensor_parallel.embedding import VocabParallelEmbedding
-from tfdist.training.tensor_parallel.layers import (COLUMN, FILTERS, HEADS, INPUT_CHANNELS,
-                                                    VOCABULARY, ShardedConv, ShardedDense,
+from tfdist.training.tensor_parallel.conv import FILTERS, INPUT_CHANNELS, ShardedConv
+from tfdist.training.tensor_parallel.layers import (COLUMN, HEADS, VOCABULARY, ShardedDense,
                                                     ShardedMultiHeadAttention)
 from tfdist.training.tensor_parallel.vocab_loss import SliceKeepingLinear, vocab_parallel_loss_of
 from tfdist.runtime.argtypes import check_int_at_least
