@@ -11,9 +11,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdist.training.tensor_parallel.layers import (attach_pieces, channel_pieces,
-                                                    config_and_identity, on_device,
-                                                    sum_partial_products)
+from tfdist.training.tensor_parallel.layers import (attach_pieces, build_on_channel_slices,
+                                                    channel_pieces, config_and_identity,
+                                                    on_device, sum_partial_products)
 
 FILTERS = "filters"
 """Style of a convolution split by output channels (filters; kernel's last axis, bias split too)."""
@@ -148,16 +148,7 @@ class ShardedConv(keras.layers.Layer):
                 with tf.device(device):
                     conv.build(input_shape)
             return
-        channels = int(input_shape[self.channel_axis])
-        k = self.num_shards
-        if channels % k:
-            raise ValueError(f"The convolution {self.name!r} has {channels} input channels, "
-                             f"which do not divide by {k} devices.")
-        shard_shape = list(input_shape)
-        shard_shape[self.channel_axis] = channels // k
-        for device, conv in zip(self.devices, self.convs, strict=True):
-            with tf.device(device):
-                conv.build(tuple(shard_shape))
+        build_on_channel_slices(self, self.convs, input_shape, self.channel_axis)
         if self.use_bias:
             with tf.device(self.devices[0]):
                 self.bias = self.add_weight(

@@ -30,8 +30,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist.training.tensor_parallel.conv import INPUT_CHANNELS, ShardedConv
-from tfdist.training.tensor_parallel.layers import (attach_pieces, channel_pieces,
-                                                    config_and_identity, on_device)
+from tfdist.training.tensor_parallel.layers import (attach_pieces, build_on_channel_slices,
+                                                    channel_pieces, config_and_identity,
+                                                    on_device)
 
 CHANNELS = "channels"
 """Style of a depthwise convolution split by channels (kernel axis -2, bias split too)."""
@@ -97,15 +98,7 @@ class ShardedDepthwiseConv(keras.layers.Layer):
         return len(self.devices)
 
     def build(self, input_shape):
-        channels = int(input_shape[self.channel_axis])
-        if channels % self.num_shards:
-            raise ValueError(f"The depthwise convolution {self.name!r} has {channels} "
-                             f"channels, which do not divide by {self.num_shards} devices.")
-        shard_shape = list(input_shape)
-        shard_shape[self.channel_axis] = channels // self.num_shards
-        for device, conv in zip(self.devices, self.convs, strict=True):
-            with tf.device(device):
-                conv.build(tuple(shard_shape))
+        build_on_channel_slices(self, self.convs, input_shape, self.channel_axis, "channels")
 
     def call(self, inputs):
         pieces = channel_pieces(inputs, self.devices, self.channel_axis)

@@ -101,6 +101,29 @@ def channel_pieces(tensor, devices, channel_axis=-1):
     return cut
 
 
+def build_on_channel_slices(layer, shards, input_shape, channel_axis, what="input channels"):
+    """Builds shard i of `layer` on device i for its slice of the input's channels (`shards`:
+    the per-device layers, as many as `layer.devices`).
+
+    Raises:
+        ValueError: the channels do not divide by the number of devices.
+
+    Example:
+
+    >>> build_on_channel_slices(self, self.convs, (None, 8, 8, 16), -1)  # each (None, 8, 8, 8)
+    """
+    channels = int(input_shape[channel_axis])
+    k = len(layer.devices)
+    if channels % k:
+        raise ValueError(f"The {type(layer).__name__} {layer.name!r} has {channels} {what}, "
+                         f"which do not divide by {k} devices.")
+    shard_shape = list(input_shape)
+    shard_shape[channel_axis] = channels // k
+    for device, shard in zip(layer.devices, shards, strict=True):
+        with tf.device(device):
+            shard.build(tuple(shard_shape))
+
+
 def on_device(device, function, *inputs):
     """`function(*inputs)` computed on `device`, and its backward on `device` too.
 

@@ -699,17 +699,10 @@ def _conv_shard(layer, name, parent, roles, axis, num_shards):
         raise ShardLayoutError(
             f"The layout of the bias {layer.bias.path!r} of the {kind} layer {name!r} is "
             f"{bias}; a bias is split with its filters: ({axis!r},).")
-    if bias is not None and style == INPUT_CHANNELS and bias != (None,):
-        raise ShardLayoutError(
-            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}, "
-            "which is split by input channels: its bias is added once, after the partial "
-            "outputs are summed, so it is not split. Lay it out as (None,) or drop its entry.")
-    split = shape[split_axis]
-    if split % num_shards:
-        raise ShardLayoutError(
-            f"The layout splits the {split} {what} of {path!r} ({kind} layer {name!r}) over "
-            f"{num_shards} devices, but {split} does not divide by {num_shards}. Use a "
-            "tensor_parallel that divides it, or drop the layer from the layout.")
+    if style == INPUT_CHANNELS:
+        _refuse_split_bias_added_after_the_sum(layer, kind, name, bias)
+    _check_conv_split_divides(shape[split_axis], what, f"{path!r} ({kind} layer {name!r})",
+                              num_shards)
     return LayerShard(layer=name, style=style, kernel_path=path, input_dim=shape[input_axis],
                       units=shape[filters_axis], parent=parent, kernel_shape=shape,
                       split_axis=split_axis)
@@ -733,11 +726,8 @@ def _depthwise_shard(layer, name, parent, roles, axis, num_shards):
             f"The layout of the bias {layer.bias.path!r} of the {kind} layer {name!r} is "
             f"{bias}; a bias is split with its channels: ({axis!r},).")
     channels = shape[-2]
-    if channels % num_shards:
-        raise ShardLayoutError(
-            f"The layout splits the {channels} channels of {path!r} ({kind} layer {name!r}) "
-            f"over {num_shards} devices, but {channels} does not divide by {num_shards}. Use a "
-            "tensor_parallel that divides it, or drop the layer from the layout.")
+    _check_conv_split_divides(channels, "channels", f"{path!r} ({kind} layer {name!r})",
+                              num_shards)
     return LayerShard(layer=name, style=CHANNELS, kernel_path=path, input_dim=channels,
                       units=shape[-1], parent=parent, kernel_shape=shape, split_axis=-2)
 
@@ -768,17 +758,31 @@ def _separable_shard(layer, name, parent, roles, axis, num_shards):
             f"convolution by its input channels, both kernels together: depthwise_kernel "
             f"{wanted['depthwise_kernel']} and pointwise_kernel {wanted['pointwise_kernel']} "
             "(the bias is added once, after the sum, and not split).")
-    if roles.get("bias") not in (None, (None,)):
-        raise ShardLayoutError(
-            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}: it "
-            "is added once, after the partial outputs are summed, so it is not split. Lay it "
-            "out as (None,) or drop its entry.")
+    _refuse_split_bias_added_after_the_sum(layer, kind, name, roles.get("bias"))
     channels = shape[-2]
-    if channels % num_shards:
-        raise ShardLayoutError(
-            f"The layout splits the {channels} input channels of the {kind} layer {name!r} "
-            f"over {num_shards} devices, but {channels} does not divide by {num_shards}. Use a "
-            "tensor_parallel that divides it, or drop the layer from the layout.")
+    _check_conv_split_divides(channels, "input channels",
+                              f"{layer.depthwise_kernel.path!r} ({kind} layer {name!r})",
+                              num_shards)
     return LayerShard(layer=name, style=SEPARABLE, kernel_path=layer.depthwise_kernel.path,
                       input_dim=channels, units=int(layer.filters), parent=parent,
                       kernel_shape=shape, split_axis=-2)
+
+
+def _refuse_split_bias_added_after_the_sum(layer, kind, name, bias):
+    """A `ShardLayoutError` if the layout shards the bias of a convolution split by input
+    channels: that bias is added once, after the K partial outputs are summed."""
+    if bias is not None and bias != (None,):
+        raise ShardLayoutError(
+            f"The layout shards the bias {layer.bias.path!r} of the {kind} layer {name!r}, "
+            "split by input channels: it is added once, after the partial outputs are "
+            "summed, so it is not split. Lay it out as (None,) or drop its entry.")
+
+
+def _check_conv_split_divides(count, what, where, num_shards):
+    """A `ShardLayoutError` unless the `count` split `what` (filters, channels) of `where`
+    (the kernel and its layer) divide by `num_shards`."""
+    if count % num_shards:
+        raise ShardLayoutError(
+            f"The layout splits the {count} {what} of {where} over {num_shards} devices, but "
+            f"{count} does not divide by {num_shards}. Use a tensor_parallel that divides it, "
+            "or drop the layer from the layout.")
