@@ -1,7 +1,7 @@
 """`make_source`: a dataset string (the recipes' `--dataset` flag) to a Source."""
 
 from tfdist.data.source import Source
-from tfdist.data.specs import SCHEMES, TFRECORD_SCHEMES, dataset_scheme
+from tfdist.data.specs import SCHEMES, TFRECORD_SCHEMES, dataset_scheme, scheme_and_argument
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
             "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",
@@ -71,7 +71,7 @@ def make_source(spec="embedded", **options):
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"Dataset must be a non-empty string such as {EXAMPLES[1]!r}, got "
                          f"{spec!r}.")
-    scheme, rest = dataset_scheme(spec), spec.strip().partition(":")[2].strip()
+    scheme, rest = scheme_and_argument(spec)
     if scheme not in SCHEMES:
         raise ValueError(f"Unknown dataset scheme {scheme!r} in {spec!r}; valid schemes: "
                          f"{', '.join(SCHEMES)} (e.g. {', '.join(map(repr, EXAMPLES[1:]))}).")

@@ -11,6 +11,8 @@ Example:
     dataset_scheme("tfrecord:/data/*.tfrecord") in TFRECORD_SCHEMES   # True
 """
 
+import os
+
 SCHEMES = ("embedded", "tfds", "tfrecord", "text", "shapes", "tfds_images", "imagenet_tfrecord",
            "image_folder")
 IMAGE_SCHEMES = ("shapes", "tfds_images", "imagenet_tfrecord", "image_folder")
@@ -31,6 +33,18 @@ def dataset_scheme(spec):
     ('tfds', 'shapes')
     """
     return spec.strip().partition(":")[0].strip().lower()
+
+
+def scheme_and_argument(spec):
+    """`(scheme, argument)` of a dataset string: the scheme lower-cased, the argument (what
+    follows the first `:`) stripped, `""` if none.
+
+    Example:
+
+    >>> scheme_and_argument("TFRecord: /data/*.tfrecord")
+    ('tfrecord', '/data/*.tfrecord')
+    """
+    return dataset_scheme(spec), spec.strip().partition(":")[2].strip()
 
 
 PAIR_SCHEMES = ("text", "tfds")
@@ -78,9 +92,7 @@ def missing_local_path(spec):
     >>> missing_local_path("tfds:imdb_reviews") is None
     True
     """
-    import os
-
-    scheme, rest = dataset_scheme(spec), spec.strip().partition(":")[2].strip()
+    scheme, rest = scheme_and_argument(spec)
     if scheme == "image_folder":
         paths = [rest] if rest else []
     elif scheme in FILE_SCHEMES:
