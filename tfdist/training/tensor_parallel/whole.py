@@ -88,6 +88,8 @@ def save_as_whole(split, model, build_optimizer=None):
         return result
 
     def set_weights(weights):
+        """`keras.Model.set_weights` of the model as built, the weights also cut into the
+        shards of its tensor-parallel split copy (the optimizer's state is left as it is)."""
         whole_class.set_weights(model, weights)
         scatter_weights(model, split)
 
@@ -99,9 +101,9 @@ def save_as_whole(split, model, build_optimizer=None):
             methods.append(("set_weights", set_weights))
         for name, method in methods:
             method.__name__ = name
-            method.__doc__ = (f"`keras.Model.{name}` of the model as built, its weights and "
-                              "optimizer state gathered from, or cut into, the shards of its "
-                              "tensor-parallel split copy.")
+            method.__doc__ = method.__doc__ or (
+                f"`keras.Model.{name}` of the model as built, its weights and optimizer state "
+                "gathered from, or cut into, the shards of its tensor-parallel split copy.")
             setattr(target, name, method)
 
 
