@@ -19,6 +19,7 @@ import pytest
 
 from helpers.mw import REPO_ROOT
 from helpers.paths import python_path_with_bench_extra
+from helpers.zygote import run_module
 from tfdist.bench.figures import step_time_shares
 from tfdist.xla import resolve_xla
 
@@ -56,6 +57,9 @@ def _env(cpu_flags=AVX2_CPU, tf_log_level="2"):
 
 def _run(args, timeout=300, cpu_flags=AVX2_CPU, tf_log_level="2",
          python_args=("-m", "tfdist.bench")):
+    if python_args[0] == "-m":  # forked from a process with TensorFlow imported (helpers.zygote)
+        return run_module(python_args[1], [*python_args[2:], *args], env=_env(cpu_flags, tf_log_level),
+                          cwd=REPO_ROOT, timeout=timeout)
     return subprocess.run([sys.executable, *python_args] + args, cwd=REPO_ROOT,
                           env=_env(cpu_flags, tf_log_level), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)

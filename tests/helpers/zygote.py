@@ -1,0 +1,170 @@
+"""`python -m MODULE ARGS` in a fresh process, without paying for TensorFlow's import each time.
+
+Every recipe run a test starts imports tfdist, TensorFlow and Keras before
+it does anything else: 2-3 s of CPU here, twice that on slower machines,
+for each of the suite's recipe runs. `run_module` instead asks a server
+process of this pytest worker (tests/helpers/workers/zygote_server.py),
+which made those imports once, to fork: the fork then runs the module as
+`python -m` would, in its own process, with the request's argv, environment
+and working directory, its own stdout and stderr, pid and exit code.
+
+A run takes a fresh interpreter instead (`subprocess.run`) when its
+environment differs from the server's in a variable read while TensorFlow,
+Keras or Python start (`IMPORT_TIME_PREFIXES`), when its arguments set
+TensorFlow's log level (`--tf-log-level`, applied at import), or when
+`TFDIST_TEST_ZYGOTE=off`. Tests about what happens at start-up (the quiet
+TensorFlow import, what is imported at all) start their processes
+themselves.
+
+Example:
+
+    result = run_module("tfdist.recipes.cnn", ["--epochs", "1"], env=env, cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout
+"""
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from helpers.paths import WORKERS_DIR
+
+SERVER = os.path.join(WORKERS_DIR, "zygote_server.py")
+# Environment variables read while Python, TensorFlow, Keras or their libraries
+# start, before a forked run could change them: a run whose values differ gets
+# a fresh interpreter. (TF_CONFIG is read when a strategy is made.)
+IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "TENSORFLOW", "KERAS", "XLA", "CUDA", "NVIDIA", "LD_",
+                        "OMP_", "KMP_", "MKL", "DNNL", "ONEDNN", "OPENBLAS", "MALLOC", "GLIBC")
+RUNTIME_VARIABLES = {"TF_CONFIG"}
+IMPORT_TIME_FLAGS = ("--tf-log-level",)
+SERVER_START_DEADLINE = 180
+
+
+def import_time_environment(env):
+    """The part of `env` a forked run could not change."""
+    return {name: value for name, value in env.items()
+            if name.startswith(IMPORT_TIME_PREFIXES) and name not in RUNTIME_VARIABLES}
+
+
+class _Server:
+    """This pytest worker's server process and the environment it imported with."""
+
+    def __init__(self, env, cwd):
+        self.directory = tempfile.mkdtemp(prefix="tfdist-zygote-")
+        self.path = os.path.join(self.directory, "socket")
+        self.environment = import_time_environment(env)
+        self.errors = tempfile.TemporaryFile(mode="w+")  # TensorFlow's start-up lines, kept for a failure
+        self.process = subprocess.Popen([sys.executable, SERVER, self.path], cwd=cwd, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=self.errors, text=True)
+        ready, _, _ = select.select([self.process.stdout], [], [], SERVER_START_DEADLINE)
+        line = self.process.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            self.close()
+            self.errors.seek(0)
+            raise RuntimeError(f"the zygote server did not say ready within {SERVER_START_DEADLINE} s "
+                               f"(exit code {self.process.returncode}): {line}{self.errors.read()[-3000:]}")
+        atexit.register(self.close)
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        os.rmdir(self.directory)
+
+    def serves(self, env):
+        return self.process.poll() is None and import_time_environment(env) == self.environment
+
+
+# This pytest worker's servers, by the import-time environment they started with.
+_SERVERS = {}
+MAX_SERVERS = 3
+
+
+def _server_for(env, cwd):
+    """The server that can fork a run with `env`, started on first use; None when
+    forking is off or MAX_SERVERS other environments already have one."""
+    if os.environ.get("TFDIST_TEST_ZYGOTE") == "off":
+        return None
+    key = tuple(sorted(import_time_environment(env).items()))
+    server = _SERVERS.get(key)
+    if server is None and len(_SERVERS) < MAX_SERVERS:
+        server = _SERVERS[key] = _Server(env, cwd)
+    return server if server is not None and server.serves(env) else None
+
+
+def _as_text(chunks):
+    """The bytes read, decoded as `text=True` would: universal newlines."""
+    text = b"".join(chunks).decode("utf-8", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_all(fd, chunks):
+    with os.fdopen(fd, "rb") as stream:
+        for chunk in iter(lambda: stream.read1(1 << 16), b""):
+            chunks.append(chunk)
+
+
+def _line(connection, buffer, deadline):
+    while b"\n" not in buffer[0]:
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))
+        chunk = connection.recv(4096)
+        if not chunk:
+            raise ConnectionError("the zygote server closed the connection before the run's exit status")
+        buffer[0] += chunk
+    line, buffer[0] = buffer[0].split(b"\n", 1)
+    return json.loads(line)
+
+
+def run_module(module, args, env, cwd, timeout, fork=True):
+    """`subprocess.run([python, "-m", module, *args], env=env, cwd=cwd, timeout=timeout,
+    stdout=PIPE, stderr=STDOUT, text=True)`, forked from this worker's server when it can be.
+
+    Returns the `subprocess.CompletedProcess` (stdout and stderr merged, as
+    text); raises `subprocess.TimeoutExpired` after killing the run, as
+    `subprocess.run` does. `fork=False` always starts a fresh interpreter.
+
+    Example: `run_module("tfdist.recipes.cnn", ["--epochs", "1"], env, REPO_ROOT, 300).returncode`
+    """
+    command = [sys.executable, "-m", module, *args]
+    sets_import_time_flag = any(arg.split("=")[0] in IMPORT_TIME_FLAGS for arg in args)
+    server = _server_for(env, cwd) if fork and not sets_import_time_flag else None
+    if server is None:
+        return subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    read_fd, write_fd = os.pipe()
+    chunks = []
+    reader = threading.Thread(target=_read_all, args=(read_fd, chunks), daemon=True)
+    reader.start()
+    request = {"module": module, "args": list(args), "env": dict(env), "cwd": str(cwd)}
+    pid = None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(server.path)
+        socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [write_fd, write_fd])
+        os.close(write_fd)
+        buffer = [b""]
+        try:
+            pid = _line(connection, buffer, deadline)["pid"]
+            status = _line(connection, buffer, deadline)["status"]
+        except socket.timeout:
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            reader.join(10)
+            raise subprocess.TimeoutExpired(command, timeout,
+                                            output=_as_text(chunks))
+    reader.join(max(deadline - time.monotonic(), 1))
+    return subprocess.CompletedProcess(command, os.waitstatus_to_exitcode(status), _as_text(chunks))

@@ -1,0 +1,86 @@
+"""The suite's forked runs (tests/helpers/zygote.py): a module run forked from a
+process with TensorFlow imported behaves as `python -m` in a fresh process
+(argv, working directory, environment, output, exit codes, signals,
+timeouts), and a run whose environment TensorFlow would read at import gets
+a fresh process."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from helpers.paths import TESTS_DIR
+from helpers.recipe_util import _recipe_env
+from helpers.zygote import _server_for, run_module
+
+PROBE = "helpers.workers.zygote_probe"
+
+
+def probe(*args, env=None, timeout=120, fresh=False):
+    """The probe's CompletedProcess, forked from the recipes' server (or fresh)."""
+    return run_module(PROBE, list(args), env=_recipe_env(env), cwd=TESTS_DIR, timeout=timeout,
+                      fork=not fresh)
+
+
+def report(result):
+    assert result.returncode == 0, result.stdout
+    return json.loads(result.stdout.splitlines()[0])
+
+
+def test_a_forked_run_sees_what_a_fresh_python_m_sees():
+    forked = probe("report", "--flag", "x y", env={"ZYGOTE_PROBE": "forked"})
+    fresh = probe("report", "--flag", "x y", env={"ZYGOTE_PROBE": "forked"}, fresh=True)
+    seen = {name: [report(forked)[name], report(fresh)[name]] for name in report(forked)}
+    assert seen["tensorflow_imported_at_start"] == [True, False]  # the fork did skip the import
+    for name in ("argv", "cwd", "name", "probe_variable", "path0"):
+        assert seen[name][0] == seen[name][1], (name, seen[name])
+    assert seen["argv"][0] == ["report", "--flag", "x y"]
+    assert seen["name"][0] == "__main__" and seen["cwd"][0] == TESTS_DIR
+    assert "on stderr" in forked.stdout  # stderr merged into stdout, as the recipes' runs ask
+
+
+def test_each_forked_run_is_a_process_of_its_own_with_its_own_random_state():
+    first, second = report(probe("report")), report(probe("report"))
+    assert first["pid"] != second["pid"] and os.getpid() not in (first["pid"], second["pid"])
+    assert first["random"] != second["random"]
+
+
+@pytest.mark.parametrize("args, code, text", [
+    (("exit", "3"), 3, None),
+    (("raise",), 1, "ValueError: the probe raised"),
+    (("terminate",), -15, None),
+])
+def test_exit_codes_and_tracebacks_are_a_fresh_processs(args, code, text):
+    for result in (probe(*args), probe(*args, fresh=True)):
+        assert result.returncode == code, result.stdout
+        if text:
+            assert text in result.stdout
+
+
+def test_carriage_returns_read_as_text_mode_reads_them():
+    assert probe("carriage-return").stdout == probe("carriage-return", fresh=True).stdout == "a\nb\nc\n"
+
+
+def test_a_run_past_its_timeout_is_killed_and_raises_as_subprocess_run_does():
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        probe("sleep", "60", timeout=3)
+    pid = int(caught.value.output.split()[0])
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the kill is delivered; its handler reaps it
+            os.kill(pid, 0)
+            time.sleep(0.05)
+
+
+def test_each_import_time_environment_has_a_server_of_its_own():
+    recipes = _recipe_env(None)
+    assert _server_for(dict(recipes, TF_CONFIG="{}", ZYGOTE_PROBE="x"), TESTS_DIR) is _server_for(recipes, TESTS_DIR)
+    loud = _server_for(dict(recipes, TF_CPP_MIN_LOG_LEVEL="0"), TESTS_DIR)
+    assert loud is not _server_for(recipes, TESTS_DIR)
+    assert loud.environment["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_a_run_that_sets_tensorflows_log_level_gets_a_fresh_process():
+    assert report(probe("report", "--tf-log-level", "0"))["tensorflow_imported_at_start"] is False
+    assert report(probe("report", "--tf-log-level=0"))["tensorflow_imported_at_start"] is False
+    assert report(probe("report", "--tf-log-levels"))["tensorflow_imported_at_start"] is True
