@@ -260,6 +260,10 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
      "--dataset text:/no/such/folder/*.txt: /no/such/folder does not exist"),
     ("cnn", ["--validation-dataset", "image_folder:no_such_folder"],
      "--validation-dataset image_folder:no_such_folder: no_such_folder does not exist"),
+    ("transformer", ["--sequence-length", "64"],
+     "--sequence-length 64 has no effect on --dataset embedded:reverse"),
+    ("cnn", ["--num-classes", "10"], "--num-classes 10 has no effect on --dataset shapes"),
+    ("translation", ["--download"], "--download prepares tfds: data"),
 ])
 def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
     """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight
@@ -300,3 +304,71 @@ def test_print_config_reads_no_data_so_a_missing_dataset_path_is_not_refused():
         check_before_tensorflow(RECIPE, parse_config(argv, RECIPE.all_options(), prog="test"))
     check_before_tensorflow(RECIPE, parse_config(argv + ["--print-config"], RECIPE.all_options(),
                                                  prog="test"))
+
+
+# (recipe, option flag, value, a dataset that reads it, one that does not)
+DATASET_SPECIFIC_OPTIONS = [
+    ("transformer", "--sequence-length", "64", "tfds:imdb_reviews", "embedded:sort"),
+    ("transformer", "--num-examples", "512", "embedded:copy", "tfds:imdb_reviews"),
+    ("cnn", "--num-examples", "512", "shapes", "tfds_images:cifar10"),
+    ("cnn", "--num-classes", "10", "imagenet_tfrecord:gs://bucket/train-*", "shapes"),
+    ("translation", "--num-examples", "512", "embedded", "tfds:wmt14_translate/de-en"),
+    ("translation", "--max-source-words", "8", "embedded:translation", "tfds:wmt14_translate/de-en"),
+    ("translation", "--subword-vocab-size", "4000", "tfds:wmt14_translate/de-en", "embedded"),
+    ("translation", "--subword-model", "bpe", "tfds:wmt14_translate/de-en", "embedded"),
+    ("translation", "--max-tokens", "32", "tfds:wmt14_translate/de-en", "embedded"),
+    ("translation", "--max-train-pairs", "1000", "tfds:wmt14_translate/de-en", "embedded"),
+]
+
+
+@pytest.mark.parametrize("recipe, flag, value, reads, ignores", DATASET_SPECIFIC_OPTIONS)
+def test_an_option_the_dataset_does_not_read_is_refused_not_dropped(recipe, flag, value, reads,
+                                                                     ignores):
+    import importlib
+
+    from tfdist.recipes.preflight import check_options_for_the_dataset
+
+    options = importlib.import_module(f"tfdist.recipes.{recipe}").RECIPE.all_options()
+    check_options_for_the_dataset(options, parse_config(["--dataset", reads, flag, value], options,
+                                                        prog="test"))
+    check_options_for_the_dataset(options, parse_config(["--dataset", ignores], options, prog="test"))
+    with pytest.raises(ConfigError) as refused:
+        check_options_for_the_dataset(options, parse_config(["--dataset", ignores, flag, value],
+                                                            options, prog="test"))
+    assert str(refused.value).startswith(f"{flag} {value} has no effect on --dataset {ignores}: only ")
+    assert str(refused.value).endswith("Drop the flag, or give such a --dataset.")
+
+
+def test_a_config_file_key_the_dataset_does_not_read_names_the_file(tmp_path):
+    from tfdist.recipes.preflight import check_before_tensorflow
+    from tfdist.recipes.transformer import RECIPE
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("dataset: embedded:reverse\nsequence_length: 64\n")
+    config = parse_config(["--config", str(path)], RECIPE.all_options(), prog="test")
+    assert config.explicit == {"dataset", "sequence_length"} and config.from_flags == set()
+    with pytest.raises(ConfigError, match=rf"^sequence_length: 64 \(in {path}\) has no effect on "
+                                          rf"--dataset embedded:reverse: only tfds, tfrecord and "
+                                          rf"text data read it. Remove sequence_length from {path}"):
+        check_before_tensorflow(RECIPE, config)
+    # --dataset given as a flag (a config written for other data): the run goes on, and its
+    # start block names what it does not read.
+    config = parse_config(["--config", str(path), "--dataset", "embedded:sort"],
+                          RECIPE.all_options(), prog="test")
+    check_before_tensorflow(RECIPE, config)
+    assert config.unread_config_options == [("sequence_length", 64)]
+    with pytest.raises(ConfigError, match="^--sequence-length 32 has no effect"):
+        check_before_tensorflow(RECIPE, parse_config(["--config", str(path), "--dataset", "embedded:sort",
+                                                      "--sequence-length", "32"],
+                                                     RECIPE.all_options(), prog="test"))
+
+
+def test_download_is_kept_when_either_dataset_is_tfds():
+    from tfdist.recipes.preflight import check_before_tensorflow
+    from tfdist.recipes.translation import RECIPE
+
+    for argv in (["--dataset", "tfds:wmt14_translate/de-en"],
+                 ["--dataset", "text:a.de,a.en", "--validation-dataset", "tfds:wmt14_translate/de-en",
+                  "--print-config"]):
+        check_before_tensorflow(RECIPE, parse_config(argv + ["--download"], RECIPE.all_options(),
+                                                     prog="test"))

@@ -14,6 +14,7 @@ import pytest
 from helpers.recipe_util import run_recipe
 from tfdist.recipes import cnn, transformer, translation
 from tfdist.recipes.config import PACKAGED_CONFIGS, ConfigError, parse_config
+from tfdist.recipes.preflight import check_options_for_the_dataset
 from tfdist.schedules.choices import MIN_STEPS_AFTER_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN
 
 RECIPES = (transformer.RECIPE, cnn.RECIPE, translation.RECIPE)
@@ -136,3 +137,10 @@ def test_trains_as_shipped_for_a_few_steps(name, tmp_path):
     assert result.returncode == 0, result.stdout[-4000:]
     assert re.search(rf"^{steps}/{steps} - .*\bloss: [0-9.]+", result.stdout, re.MULTILINE), \
         f"no epoch line for {steps} steps:\n{result.stdout[-3000:]}"
+    # The config's keys its swapped-in data does not read are named, not dropped.
+    swapped = parse_config(["--config", shipped_path(name), *flags], recipe.all_options(),
+                           prog=recipe.name)
+    check_options_for_the_dataset(recipe.all_options(), swapped)
+    for key, value in swapped.unread_config_options:
+        assert f"{key}: {value}" in result.stdout.split("  not read      ", 1)[-1].splitlines()[0], \
+            result.stdout[:3000]

@@ -24,7 +24,8 @@ OPTIONS = [
     Option("image_size", int, None, "Square image size fed to the model (default: the dataset's).",
            minimum=8),
     Option("num_classes", int, None,
-           "Classes, for ImageNet-style TFRecords without a label map (default: 1000).", minimum=2),
+           "Classes, for ImageNet-style TFRecords without a label map (default: 1000).", minimum=2,
+           for_datasets=("imagenet_tfrecord",)),
     Option("label_smoothing", float, 0.0, "Label smoothing of the cross-entropy (0..1).",
            minimum=0.0),
     Option("sync_bn", bool, False,
@@ -33,7 +34,8 @@ OPTIONS = [
     Option("validation_dataset", str, None,
            "Validation data in the --dataset forms; a TFDS dataset is read from its validation "
            "(else test) split (default: the embedded validation split, or none)."),
-    Option("num_examples", int, 4096, "Training examples of the embedded shapes dataset.", minimum=1),
+    Option("num_examples", int, 4096, "Training examples of the embedded shapes dataset.", minimum=1,
+           for_datasets=("shapes",)),
 ]
 
 DEFAULTS = {

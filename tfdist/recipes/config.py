@@ -71,6 +71,10 @@ class Option:
             the run is, what it learns or where it writes (epochs, seed,
             model_dir, ...), never how fast one training step runs: an
             autotune decision cached for one value is reused for another.
+        for_datasets: the `--dataset` schemes whose data reads the option
+            (`("embedded",)`), or None for every dataset. Set for another
+            dataset, the option is refused before TensorFlow starts
+            (`tfdist.recipes.preflight.check_options_for_the_dataset`).
 
     Example:
 
@@ -87,6 +91,7 @@ class Option:
     normalize: Callable = None
     metavar: str = None
     changes_step_speed: bool = True
+    for_datasets: tuple = None
 
     @property
     def flag(self):
@@ -450,7 +455,8 @@ def parse_config(argv, options, prog, description="", epilog=None):
     Returns:
         An `argparse.Namespace` holding every option's final value, plus
         `config_file` (the YAML used, or None), `explicit` (the set of
-        option names set by a flag or the file) and `print_config`.
+        option names set by a flag or the file), `from_flags` (those set by
+        a flag) and `print_config`.
 
     Raises:
         ConfigError: a bad flag value, config file or unknown key.
@@ -475,9 +481,10 @@ def parse_config(argv, options, prog, description="", epilog=None):
         from_file = load_config_file(config_file, options)
         values.update(from_file)
         explicit.update(from_file)
+    from_flags = set()
     for option in options:
         if option.name in flags:
             values[option.name] = option.convert(flags[option.name], f"flag {option.flag}")
-            explicit.add(option.name)
-    return argparse.Namespace(**values, config_file=config_file, explicit=explicit,
-                              print_config=print_config)
+            from_flags.add(option.name)
+    return argparse.Namespace(**values, config_file=config_file, explicit=explicit | from_flags,
+                              from_flags=from_flags, print_config=print_config)

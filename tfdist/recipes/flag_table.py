@@ -29,12 +29,15 @@ def _cell(text):
 
 def _allowed(option):
     if option.choices is not None:
-        return ", ".join(f"`{choice}`" for choice in option.choices)
-    if option.metavar:
-        return f"`{option.metavar}`"
-    allowed = option.type.__name__
-    if option.minimum is not None:
-        allowed += f" >= {option.minimum}"
+        allowed = ", ".join(f"`{choice}`" for choice in option.choices)
+    elif option.metavar:
+        allowed = f"`{option.metavar}`"
+    else:
+        allowed = option.type.__name__
+        if option.minimum is not None:
+            allowed += f" >= {option.minimum}"
+    if option.for_datasets is not None:
+        allowed += "; only with `--dataset` " + " or ".join(f"`{name}`" for name in option.for_datasets)
     return allowed
 
 

@@ -77,6 +77,7 @@ def check_before_tensorflow(recipe, config):
     except ValueError as error:
         raise ConfigError(f"--gpu-memory: {error}") from None
     check_optimizer_moments(config)
+    check_options_for_the_dataset(recipe.all_options(), config)
     check_skip_corrupt_records(config)
     check_dataset_paths(config)
     check_output_folders(config)
@@ -90,6 +91,60 @@ def check_before_tensorflow(recipe, config):
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
         check_warmup(config, steps_per_epoch)
+
+
+def check_options_for_the_dataset(options, config):
+    """Refuses an option the user set that the run's `--dataset` does not read:
+    an `Option` whose `for_datasets` leaves out the dataset's scheme
+    (`--sequence-length` for an embedded task, which fixes its own length;
+    `--num-examples` for files, which are read whole).
+
+    A value from the `--config` file is refused too, unless `--dataset` came as
+    a flag (a shipped config run on other data, say): then the run goes on and
+    its start block names the value it does not use
+    (`config.unread_config_options`, `(name, value)` pairs).
+
+    Raises:
+        ConfigError: naming the option, its value, the dataset, the datasets
+            that read it and the way out.
+
+    Example:
+
+    >>> check_options_for_the_dataset(RECIPE.all_options(), parse_config(
+    ...     ["--sequence-length", "64"], RECIPE.all_options(), "transformer"))
+    Traceback (most recent call last):
+    ConfigError: --sequence-length 64 has no effect on --dataset embedded:reverse: ...
+    """
+    scheme = dataset_scheme(config.dataset)
+    from_flags = getattr(config, "from_flags", set())
+    config.unread_config_options = []
+    for option in options:
+        if (option.for_datasets is None or scheme in option.for_datasets
+                or option.name not in getattr(config, "explicit", ())):
+            continue
+        value = getattr(config, option.name)
+        if option.name not in from_flags and "dataset" in from_flags:
+            config.unread_config_options.append((option.name, value))
+            continue
+        if option.name in from_flags:
+            setting, way_out = f"{option.flag} {value}", "Drop the flag"
+        else:
+            setting = f"{option.name}: {value} (in {config.config_file})"
+            way_out = f"Remove {option.name} from {config.config_file}"
+        raise ConfigError(f"{setting} has no effect on --dataset {config.dataset}: only "
+                          f"{readers(option)} data read it. {way_out}, or give such a --dataset.")
+
+
+def readers(option):
+    """The dataset schemes that read `option`, as words: "tfds, tfrecord and text".
+
+    Example:
+
+    >>> readers(Option("n", int, 1, "n", for_datasets=("shapes",)))
+    'shapes'
+    """
+    *most, last = option.for_datasets
+    return f"{', '.join(most)} and {last}" if most else last
 
 
 def check_dataset_paths(config):

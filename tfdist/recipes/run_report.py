@@ -201,6 +201,13 @@ def start_block(config, info, precision, jit_compile, xla_reason, data, built, s
         lines.append(f"  autotune      {autotune}")
     lines += [
         f"  dataset       {data.description}",
+    ]
+    unread = getattr(config, "unread_config_options", ())
+    if unread:
+        lines.append("  not read      " + ", ".join(f"{name}: {value}" for name, value in unread)
+                     + f" from {os.path.basename(config.config_file)} (--dataset "
+                     f"{config.dataset} does not read {'it' if len(unread) == 1 else 'them'})")
+    lines += [
         f"  model         {built.description}",
         f"  optimizer     {config.optimizer}, lr {config.learning_rate:g}, {config.schedule} schedule, "
         f"{config.warmup_steps} warmup steps" + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),

@@ -22,12 +22,14 @@ OPTIONS = [
            "Model size: tiny (minutes on 2 CPU cores), small (4 layers, d=256), base, large.",
            choices=MODEL_SIZES),
     Option("sequence_length", int, None,
-           "Tokens per example for file/TFDS data (the embedded task fixes its own).", minimum=2),
+           "Tokens per example for file/TFDS data (the embedded task fixes its own).", minimum=2,
+           for_datasets=("tfds", "tfrecord", "text")),
     Option("dropout", float, None, "Dropout rate (default: the model size's).", minimum=0.0),
     Option("gelu", str, "exact", "Feed-forward GELU: exact (erf; in bfloat16 XLA-compiled on its "
            "own, the faster one there) or tanh (the approximation GPT-2 uses, within 1e-3).",
            choices=("exact", "tanh")),
-    Option("num_examples", int, 4096, "Training examples of the embedded task.", minimum=1),
+    Option("num_examples", int, 4096, "Training examples of the embedded task.", minimum=1,
+           for_datasets=("embedded",)),
     Option("validation_dataset", str, None,
            "Validation data in the --dataset forms, read with the training data's vocabulary and "
            "sequence length (default: the embedded task's validation split, or none)."),

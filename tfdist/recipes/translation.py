@@ -34,7 +34,7 @@ Every strategy of the language-model recipe runs through the same runner;
 
 import sys
 
-from tfdist.data.specs import parse_pair_spec
+from tfdist.data.specs import PAIR_SCHEMES, dataset_scheme, parse_pair_spec
 from tfdist.recipes.config import ConfigError, Option
 from tfdist.recipes.recipe_runner import Recipe
 from tfdist.recipes.recipe_types import RecipeData
@@ -70,10 +70,10 @@ OPTIONS = [
            "One embedding table for source, target and the output projection "
            "(--tie-embeddings false: three)."),
     Option("num_examples", int, 6144, "Training sentence pairs of the embedded task.",
-           minimum=1, changes_step_speed=False),
+           minimum=1, changes_step_speed=False, for_datasets=("embedded",)),
     Option("max_source_words", int, 12,
            "Longest source sentence of the embedded task (the target bound is 1.5 times it).",
-           minimum=4),
+           minimum=4, for_datasets=("embedded",)),
     Option("validation_sentences", int, 256,
            "Validation sentence pairs: the validation loss and the BLEU/chrF decoding.",
            minimum=1, changes_step_speed=False),
@@ -93,15 +93,16 @@ OPTIONS = [
     Option("subword_vocab_size", int, 8000,
            "Pieces of the joint source+target SentencePiece tokenizer of text:/tfds: data "
            "(at most; trained once on the training split, saved in MODEL_DIR/tokenizer/).",
-           minimum=8),
+           minimum=8, for_datasets=PAIR_SCHEMES),
     Option("subword_model", str, "unigram", "SentencePiece model type of text:/tfds: data.",
-           choices=("unigram", "bpe")),
+           choices=("unigram", "bpe"), for_datasets=PAIR_SCHEMES),
     Option("max_tokens", int, 64,
            "Longest source and target sentence of text:/tfds: data in subword tokens (longer "
-           "training pairs are skipped, longer validation sentences cut).", minimum=2),
+           "training pairs are skipped, longer validation sentences cut).", minimum=2,
+           for_datasets=PAIR_SCHEMES),
     Option("max_train_pairs", int, None,
            "Read at most this many training pairs of text:/tfds: data (default: all).",
-           minimum=1, changes_step_speed=False),
+           minimum=1, changes_step_speed=False, for_datasets=PAIR_SCHEMES),
     Option("download", bool, False,
            "Download and prepare a tfds: --dataset that is not prepared yet (into TFDS's "
            "data_dir, $TFDS_DATA_DIR or ~/tensorflow_datasets); off: a clear error saying "
@@ -155,8 +156,8 @@ MODEL_PARALLEL_REASON = (
 def check_config(config):
     """Refuses what this recipe cannot do, before TensorFlow starts: `--model-parallel` > 1,
     datasets other than embedded, `text:SRC,TGT` and `tfds:NAME`, fewer
-    `--validation-sentences` than one global batch, and a `--validation-dataset`
-    beside the embedded task.
+    `--validation-sentences` than one global batch, `--download` without tfds:
+    data, and a `--validation-dataset` beside the embedded task.
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -184,6 +185,14 @@ def check_config(config):
             "would run no batch and report 0. Use --validation-sentences "
             f"{config.global_batch_size} or more (--bleu-sentences sets how many are decoded), "
             "or a smaller --global-batch-size.")
+    if "download" in getattr(config, "explicit", ()) and config.download and not any(
+            spec and dataset_scheme(spec) == "tfds"
+            for spec in (config.dataset, config.validation_dataset)):
+        raise ConfigError(f"--download prepares tfds: data, but this run reads --dataset "
+                          f"{config.dataset}"
+                          + (f" and --validation-dataset {config.validation_dataset}"
+                             if config.validation_dataset else "")
+                          + ": there is nothing to download. Drop the flag.")
     if config.validation_dataset and config.dataset in EMBEDDED_DATASETS:
         raise ConfigError(f"--validation-dataset {config.validation_dataset}: the embedded "
                           "task has its own validation split; drop the flag or give a "
