@@ -264,6 +264,8 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
      "--sequence-length 64 has no effect on --dataset embedded:reverse"),
     ("cnn", ["--num-classes", "10"], "--num-classes 10 has no effect on --dataset shapes"),
     ("translation", ["--download"], "--download prepares tfds: data"),
+    ("cnn", ["--backup-every", "20"], "--backup-every 20 shapes the run's backups, but it writes none"),
+    ("transformer", ["--backup-keep", "3"], "--backup-keep 3 shapes the run's backups"),
 ])
 def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
     """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight
@@ -372,3 +374,12 @@ def test_download_is_kept_when_either_dataset_is_tfds():
                   "--print-config"]):
         check_before_tensorflow(RECIPE, parse_config(argv + ["--download"], RECIPE.all_options(),
                                                      prog="test"))
+
+
+def test_backup_flags_are_kept_when_the_run_writes_backups():
+    from tfdist.recipes.preflight import check_backup_flags
+    from tfdist.recipes.transformer import RECIPE
+
+    for where in (["--model-dir", "runs/a"], ["--backup-dir", "backups/a"]):
+        check_backup_flags(parse_config(where + ["--backup-every", "5", "--backup-keep", "3"],
+                                        RECIPE.all_options(), prog="test"))

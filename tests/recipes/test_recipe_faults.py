@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from helpers.recipe_util import REPO_ROOT, run_recipe
+from tfdist.recipes.config import ConfigError
 from tfdist.runtime import exit_codes
 from tfdist.recipes.record import history_entries
 from tfdist.recipes.recipe_runner import _known_fault
@@ -84,6 +85,8 @@ def test_each_fault_gets_its_documented_code_and_one_line(tmp_path):
          r"error: ModelDirInUseError: the model dir m is in use"),
         (ValueError("--epochs must be positive"), exit_codes.BAD_INPUT,
          r"error: ValueError: --epochs must be positive"),
+        (ConfigError("--validation-steps 5: this run has no validation data"), exit_codes.BAD_INPUT,
+         r"error: --validation-steps 5: this run has no validation data$"),
     ]
     for error, code, pattern in cases:
         got, line = _known_fault(PROG, error, dict(where))
@@ -348,3 +351,16 @@ def test_a_stop_signal_at_the_last_step_ends_the_run_normally():
         finally:
             assert signals.pending() == "SIGTERM"  # taken, so unblocking delivers nothing
             signals.close()
+
+
+def test_validation_steps_without_validation_data_exits_2_naming_the_flag(tmp_path):
+    text = tmp_path / "train.txt"
+    text.write_text("a few words of training text\n" * 100)
+    result = run_recipe("transformer", ["--dataset", f"text:{text}", "--sequence-length", "16",
+                                        "--validation-steps", "5", "--epochs", "1",
+                                        "--steps-per-epoch", "2", "--warmup-steps", "0",
+                                        "--model-dir", str(tmp_path / "m")], timeout=180)
+    assert result.returncode == exit_codes.BAD_INPUT, result.stdout[-3000:]
+    assert (f"error: --validation-steps 5: this run has no validation data (--dataset text:{text} "
+            "brings none): give --validation-dataset, or drop the flag.") in result.stdout
+    assert "Traceback" not in result.stdout

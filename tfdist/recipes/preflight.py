@@ -52,7 +52,7 @@ def check_before_tensorflow(recipe, config):
     against the strategy, `--gpu-memory` against
     `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
     (when the run's length is known without reading data), and the flags
-    that need `--model-dir`.
+    that need `--model-dir` (or `--backup-dir`).
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -84,6 +84,7 @@ def check_before_tensorflow(recipe, config):
     for flag, value in (("--profile-steps", config.profile_steps),):
         if value is not None and not config.model_dir:
             raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
+    check_backup_flags(config)
     steps_per_epoch = config.steps_per_epoch
     if steps_per_epoch is None and recipe.train_examples is not None:
         examples = recipe.train_examples(config)
@@ -145,6 +146,29 @@ def readers(option):
     """
     *most, last = option.for_datasets
     return f"{', '.join(most)} and {last}" if most else last
+
+
+def check_backup_flags(config):
+    """Refuses `--backup-every` / `--backup-keep` set for a run that writes no backup
+    (neither `--model-dir` nor `--backup-dir`).
+
+    Raises:
+        ConfigError: naming the flag and the two ways to get backups.
+
+    Example:
+
+    >>> check_backup_flags(parse_config(["--backup-every", "50"], RECIPE.all_options(), "cnn"))
+    Traceback (most recent call last):
+    ConfigError: --backup-every 50 shapes the run's backups, but it writes none: ...
+    """
+    if config.model_dir or config.backup_dir:
+        return
+    for name in ("backup_every", "backup_keep"):
+        if name in getattr(config, "explicit", ()):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {getattr(config, name)} shapes the run's backups, but it "
+                              "writes none: add --model-dir DIR (backups in DIR/backup) or "
+                              "--backup-dir DIR, or drop the flag.")
 
 
 def check_dataset_paths(config):

@@ -269,6 +269,8 @@ def _known_fault(prog, error, where):
         return _cluster_lost(prog, error, where, "the cluster did not form")
     if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
         return exit_codes.BAD_INPUT, environment_line(prog, error, where)
+    if isinstance(error, ConfigError):  # a flag refused once the data is known: as before TensorFlow
+        return exit_codes.BAD_INPUT, f"{prog}: error: {error}"
     if isinstance(error, (ValueError, RuntimeError, FileNotFoundError)):
         # ValueError/RuntimeError from tfdist carry teaching messages; name
         # them on one line rather than burying them in a traceback.
@@ -435,6 +437,10 @@ def _train(recipe, config, where):
         tf.config.experimental.enable_op_determinism()
 
     data = recipe.build_data(config)
+    if data.validation is None and config.validation_steps is not None:
+        raise ConfigError(
+            f"--validation-steps {config.validation_steps}: this run has no validation data "
+            f"(--dataset {config.dataset} brings none): give --validation-dataset, or drop the flag.")
     if config.global_batch_size % info.num_replicas:
         raise ValueError(
             f"--global-batch-size {config.global_batch_size} does not divide evenly over "
