@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -266,6 +267,8 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
     ("translation", ["--download"], "--download prepares tfds: data"),
     ("cnn", ["--backup-every", "20"], "--backup-every 20 shapes the run's backups, but it writes none"),
     ("transformer", ["--backup-keep", "3"], "--backup-keep 3 shapes the run's backups"),
+    ("cnn", ["--autotune", "off", "--autotune-budget", "5"],
+     "--autotune-budget 5.0 sets the autotune trial, but --autotune off runs none"),
 ])
 def test_flags_refused_by_the_preflight_never_start_tensorflow(recipe, argv, refused):
     """A refused flag is one line and exit 2 in a fraction of a second: no recipe's pre-flight
@@ -383,3 +386,27 @@ def test_backup_flags_are_kept_when_the_run_writes_backups():
     for where in (["--model-dir", "runs/a"], ["--backup-dir", "backups/a"]):
         check_backup_flags(parse_config(where + ["--backup-every", "5", "--backup-keep", "3"],
                                         RECIPE.all_options(), prog="test"))
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--autotune", "off", "--autotune-cache", "cache.json"], "--autotune off runs none"),
+    (["--autotune", "on", "--precision", "float32", "--xla", "off", "--autotune-budget", "5"],
+     "--precision float32 and --xla off leave it nothing to choose, so none runs"),
+    # The suite's processes run with TFDIST_AUTOTUNE=off (tests/conftest.py): `--autotune`'s default.
+    (["--autotune-budget", "5"], "autotune is off ($TFDIST_AUTOTUNE=off) and runs none"),
+])
+def test_autotune_flags_for_a_run_without_a_trial_are_refused(argv, why):
+    from tfdist.recipes.preflight import check_autotune_flags
+    from tfdist.recipes.transformer import RECIPE
+
+    with pytest.raises(ConfigError, match=f"sets the autotune trial, but {re.escape(why)}: drop"):
+        check_autotune_flags(parse_config(argv, RECIPE.all_options(), prog="test"))
+
+
+def test_autotune_flags_are_kept_while_a_choice_is_open():
+    from tfdist.recipes.preflight import check_autotune_flags
+    from tfdist.recipes.transformer import RECIPE
+
+    for argv in (["--autotune", "on", "--precision", "float32", "--autotune-budget", "5"],
+                 ["--autotune", "refresh", "--xla", "off", "--autotune-cache", "cache.json"]):
+        check_autotune_flags(parse_config(argv, RECIPE.all_options(), prog="test"))

@@ -85,6 +85,7 @@ def check_before_tensorflow(recipe, config):
         if value is not None and not config.model_dir:
             raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
     check_backup_flags(config)
+    check_autotune_flags(config)
     steps_per_epoch = config.steps_per_epoch
     if steps_per_epoch is None and recipe.train_examples is not None:
         examples = recipe.train_examples(config)
@@ -169,6 +170,38 @@ def check_backup_flags(config):
             raise ConfigError(f"{flag} {getattr(config, name)} shapes the run's backups, but it "
                               "writes none: add --model-dir DIR (backups in DIR/backup) or "
                               "--backup-dir DIR, or drop the flag.")
+
+
+def check_autotune_flags(config):
+    """Refuses `--autotune-budget` / `--autotune-cache` set for a run that runs no
+    autotune trial: autotune off (`--autotune off`, or `$TFDIST_AUTOTUNE=off`), or
+    both `--precision` and `--xla` given, which leaves it nothing to choose.
+
+    Raises:
+        ConfigError: naming the flag, why no trial runs and the way out.
+
+    Example:
+
+    >>> check_autotune_flags(parse_config(["--autotune", "off", "--autotune-budget", "5"],
+    ...                                   RECIPE.all_options(), "cnn"))
+    Traceback (most recent call last):
+    ConfigError: --autotune-budget 5.0 sets the autotune trial, but --autotune off runs none: ...
+    """
+    explicit = getattr(config, "explicit", ())
+    if config.autotune == "off":
+        why = ("--autotune off runs none" if "autotune" in explicit
+               else "autotune is off ($TFDIST_AUTOTUNE=off) and runs none")
+    elif config.precision != "auto" and config.xla != "auto":
+        why = (f"--precision {config.precision} and --xla {config.xla} leave it nothing to choose, "
+               "so none runs")
+    else:
+        return
+    for name in ("autotune_budget", "autotune_cache"):
+        if name in explicit:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {getattr(config, name)} sets the autotune trial, but {why}: "
+                              "drop the flag, or let autotune choose (--autotune on with "
+                              "--precision auto or --xla auto).")
 
 
 def check_dataset_paths(config):
