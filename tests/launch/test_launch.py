@@ -415,6 +415,14 @@ def test_bad_arguments_exit_2_naming_the_value(args, named):
     assert "must not run" not in out
 
 
+def test_a_host_that_is_no_address_exits_2_naming_it():
+    host = "not..valid"  # refused by the name encoding itself: no lookup, so no DNS wait anywhere
+    code, out, err, _ = run(["--workers", "2", "--host", host], [PY, "-c", "print('must not run')"])
+    assert code == 2, err
+    assert f"Cannot resolve host {host!r}: " in err and "Traceback" not in err, err
+    assert "must not run" not in out
+
+
 def test_missing_command_exits_2():
     proc = subprocess.run([PY, "-m", "tfdist.launch", "--workers", "2", "--"],
                           cwd=REPO_ROOT, env=launcher_env(), capture_output=True,

@@ -60,7 +60,8 @@ def build_parser():
                         help="seconds for every worker to create its TFDIST_READY_FILE "
                              "or exit 0 (default 300; 0 disables); exit 125 otherwise")
     parser.add_argument("--timeout", type=_seconds, default=None,
-                        help="job deadline in seconds (default none); exit 124 when passed")
+                        help="job deadline in seconds (default none; 0 disables it too); exit 124 "
+                             "when passed")
     parser.add_argument("--grace-period", type=_seconds, default=DEFAULT_GRACE_PERIOD,
                         help="seconds between SIGTERM and SIGKILL when stopping workers: the "
                              "time they have to save a backup at the same step and exit "

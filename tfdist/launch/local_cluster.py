@@ -38,7 +38,7 @@ def free_ports(count, host="127.0.0.1"):
     """
     try:
         family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
-    except socket.gaierror as error:
+    except (socket.gaierror, UnicodeError) as error:  # UnicodeError: not a valid host name at all
         raise ValueError(f"Cannot resolve host {host!r}: {error}. Use a local "
                          "address such as '127.0.0.1' or '::1'.") from error
     sockets = []
