@@ -12,9 +12,23 @@ import time
 import pytest
 from helpers.paths import TESTS_DIR
 from helpers.recipe_util import _recipe_env
+from helpers import zygote
 from helpers.zygote import _server_for, run_module
 
 PROBE = "helpers.workers.zygote_probe"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def servers_of_this_module():
+    """A table of servers of this module's own: the worker's table may be full already
+    (MAX_SERVERS environments of earlier tests), and then every run would be fresh."""
+    saved = dict(zygote._SERVERS)
+    zygote._SERVERS.clear()
+    yield zygote._SERVERS
+    for server in zygote._SERVERS.values():
+        server.close()
+    zygote._SERVERS.clear()
+    zygote._SERVERS.update(saved)
 
 
 def probe(*args, env=None, timeout=120, fresh=False):
@@ -78,6 +92,18 @@ def test_each_import_time_environment_has_a_server_of_its_own():
     loud = _server_for(dict(recipes, TF_CPP_MIN_LOG_LEVEL="0"), TESTS_DIR)
     assert loud is not _server_for(recipes, TESTS_DIR)
     assert loud.environment["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_past_max_servers_the_least_recently_used_server_is_closed(servers_of_this_module):
+    recipes = _recipe_env(None)
+    first = _server_for(recipes, TESTS_DIR)
+    others = [_server_for(dict(recipes, PYTHON_ZYGOTE_TEST=str(n)), TESTS_DIR)
+              for n in range(zygote.MAX_SERVERS - 1)]
+    assert _server_for(recipes, TESTS_DIR) is first  # used again: now the most recent
+    newest = _server_for(dict(recipes, PYTHON_ZYGOTE_TEST="new"), TESTS_DIR)
+    assert list(servers_of_this_module.values()) == [*others[1:], first, newest]
+    assert others[0].process.poll() is not None  # closed
+    assert report(probe("report"))["tensorflow_imported_at_start"] is True
 
 
 def test_a_run_that_sets_tensorflows_log_level_gets_a_fresh_process():

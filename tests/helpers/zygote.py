@@ -83,27 +83,34 @@ class _Server:
                 self.process.wait()
         if os.path.exists(self.path):
             os.unlink(self.path)
-        os.rmdir(self.directory)
+        if os.path.isdir(self.directory):  # closed once already (by a test, then at exit)
+            os.rmdir(self.directory)
 
     def serves(self, env):
         return self.process.poll() is None and import_time_environment(env) == self.environment
 
 
-# This pytest worker's servers, by the import-time environment they started with.
+# This pytest worker's servers, by the import-time environment they started with,
+# least recently used first.
 _SERVERS = {}
 MAX_SERVERS = 3
 
 
 def _server_for(env, cwd):
-    """The server that can fork a run with `env`, started on first use; None when
-    forking is off or MAX_SERVERS other environments already have one."""
+    """The server that can fork a run with `env`, started on first use (closing the least
+    recently used one when MAX_SERVERS run already); None when forking is off."""
     if os.environ.get("TFDIST_TEST_ZYGOTE") == "off":
         return None
     key = tuple(sorted(import_time_environment(env).items()))
-    server = _SERVERS.get(key)
-    if server is None and len(_SERVERS) < MAX_SERVERS:
-        server = _SERVERS[key] = _Server(env, cwd)
-    return server if server is not None and server.serves(env) else None
+    server = _SERVERS.pop(key, None)
+    if server is None or not server.serves(env):
+        if server is not None:
+            server.close()
+        while len(_SERVERS) >= MAX_SERVERS:
+            _SERVERS.pop(next(iter(_SERVERS))).close()
+        server = _Server(env, cwd)
+    _SERVERS[key] = server  # now the most recently used
+    return server
 
 
 def _as_text(chunks):
