@@ -1,4 +1,5 @@
-"""Runs a recipe as a user would: `python -m tfdist.recipes.NAME ...` in a fresh process."""
+"""Runs a recipe as a user would: `python -m tfdist.recipes.NAME ...` in a process of its own
+(forked from one with TensorFlow imported where it can be: helpers.zygote)."""
 
 import os
 import re

@@ -86,8 +86,9 @@ class _Server:
         if os.path.isdir(self.directory):  # closed once already (by a test, then at exit)
             os.rmdir(self.directory)
 
-    def serves(self, env):
-        return self.process.poll() is None and import_time_environment(env) == self.environment
+    @property
+    def alive(self):
+        return self.process.poll() is None
 
 
 # This pytest worker's servers, by the import-time environment they started with,
@@ -103,7 +104,7 @@ def _server_for(env, cwd):
         return None
     key = tuple(sorted(import_time_environment(env).items()))
     server = _SERVERS.pop(key, None)
-    if server is None or not server.serves(env):
+    if server is None or not server.alive:  # the key is the environment: only its life to check
         if server is not None:
             server.close()
         while len(_SERVERS) >= MAX_SERVERS:

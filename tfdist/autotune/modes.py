@@ -30,3 +30,21 @@ def default_autotune_mode(environ=None):
     """
     environ = os.environ if environ is None else environ
     return (environ.get(AUTOTUNE_ENV) or "on").strip().lower()
+
+
+def why_flags_rule_out_a_trial(autotune, precision, xla):
+    """Why the flags alone leave no autotune trial to run: "off" (`--autotune off`),
+    "nothing to choose" (both `--precision` and `--xla` given), or None when one may run.
+
+    Example:
+
+    >>> why_flags_rule_out_a_trial("on", "float32", "off")
+    'nothing to choose'
+    >>> why_flags_rule_out_a_trial("on", "auto", "off") is None
+    True
+    """
+    if autotune == "off":
+        return "off"
+    if precision != "auto" and xla != "auto":
+        return "nothing to choose"
+    return None

@@ -20,6 +20,7 @@ Example:
 """
 
 from tfdist.autotune import DecisionCache, candidate_grid, candidate_precisions
+from tfdist.autotune.modes import why_flags_rule_out_a_trial
 from tfdist.precision import PrecisionChoice
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer
 from tfdist.recipes.model_parallel_flags import xla_blocker as model_parallel_xla_blocker
@@ -129,7 +130,7 @@ def settle_auto_choices(recipe, config, info, data, *, on_gpu, rules, total_step
     from tfdist.autotune.tune import machine_hardware, tune
 
     precision, jit_compile, xla_reason = rules
-    if config.autotune == "off" or (config.precision != "auto" and config.xla != "auto"):
+    if why_flags_rule_out_a_trial(config.autotune, config.precision, config.xla):
         return precision, jit_compile, xla_reason, None
     flags, capabilities = machine_hardware(on_gpu)
     grid = candidate_grid(config.precision, config.xla, on_gpu=on_gpu,

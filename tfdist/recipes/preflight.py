@@ -9,6 +9,7 @@ Example:
 
 import os
 
+from tfdist.autotune.modes import why_flags_rule_out_a_trial
 from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme, missing_local_path
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
@@ -188,14 +189,15 @@ def check_autotune_flags(config):
     ConfigError: --autotune-budget 5.0 sets the autotune trial, but --autotune off runs none: ...
     """
     explicit = getattr(config, "explicit", ())
-    if config.autotune == "off":
+    ruled_out = why_flags_rule_out_a_trial(config.autotune, config.precision, config.xla)
+    if ruled_out is None:
+        return
+    if ruled_out == "off":
         why = ("--autotune off runs none" if "autotune" in explicit
                else "autotune is off ($TFDIST_AUTOTUNE=off) and runs none")
-    elif config.precision != "auto" and config.xla != "auto":
+    else:
         why = (f"--precision {config.precision} and --xla {config.xla} leave it nothing to choose, "
                "so none runs")
-    else:
-        return
     for name in ("autotune_budget", "autotune_cache"):
         if name in explicit:
             flag = "--" + name.replace("_", "-")
