@@ -1,3 +1,4 @@
+import mmap
 import warnings
 
 import keras
@@ -17,8 +18,13 @@ no_gpu = pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")),
 
 
 def big_array(mb=BIG_MB):
-    """A float64 array of `mb` MB whose pages are all touched (resident)."""
-    return np.ones(mb * 1024 * 1024 // 8)
+    """A float64 array of `mb` MB whose pages are all touched (resident), in
+    memory of its own: freeing it unmaps it, whatever malloc would do. (In a
+    pytest worker that had run most of the suite on a Zen 3, the RSS did not
+    fall when an `np.ones` array, which goes through malloc, was freed.)"""
+    array = np.frombuffer(mmap.mmap(-1, mb * 1024 * 1024), dtype=np.float64)
+    array[:] = 1.0
+    return array
 
 
 def tiny_fit(callbacks, epochs=3, batch_size=8):

@@ -48,7 +48,10 @@ def test_float32_outputs_gradients_and_moving_averages_equal_keras(training):
     for _ in range(3):  # the moving averages move, and feed the next steps' results
         expected, got = _step(keras_bn, x, training), _step(fused_bn, x, training)
         for want, have in zip(expected, got, strict=True):
-            np.testing.assert_allclose(have, want, rtol=2e-5, atol=2e-5)
+            # atol: gamma's gradient is a sum of 120 terms up to ~10 that cancels
+            # to 0 in training, so what is left is rounding, whose size depends
+            # on the kernels' summation order (3.8e-5 on an AVX2-only CPU).
+            np.testing.assert_allclose(have, want, rtol=2e-5, atol=1e-4)
     # In training the averages moved: the comparison was not of untouched weights.
     assert np.allclose(fused_bn.moving_mean.numpy(), initial_mean) == (not training)
 
