@@ -1,0 +1,62 @@
+"""`import tfdist` asks TensorFlow for its pooled CPU allocator (unless the
+environment decided otherwise), in fresh interpreters: TensorFlow's own
+default is malloc, the pool is what a tfdist program gets, an explicit
+`TF_CPU_ALLOCATOR_USE_BFC=false` keeps malloc."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.paths import REPO_ROOT
+from tfdist.runtime.cpu_allocator import (POOL_ENV, POOL_LIMIT_ENV, machine_memory_mb,
+                                          pool_cpu_memory)
+
+
+def test_an_environment_that_says_nothing_gets_the_pool_up_to_the_machines_memory():
+    environ = {}
+    assert pool_cpu_memory(environ) == environ
+    assert environ == {POOL_ENV: "true", POOL_LIMIT_ENV: str(machine_memory_mb())}
+    assert machine_memory_mb() > 1024
+
+
+@pytest.mark.parametrize("value", ["false", "0", "no"])
+def test_an_explicit_no_keeps_malloc_and_sets_no_limit(value):
+    environ = {POOL_ENV: value}
+    assert pool_cpu_memory(environ) == {}
+    assert environ == {POOL_ENV: value}
+
+
+def test_an_explicit_yes_or_limit_is_kept():
+    environ = {POOL_ENV: "1", POOL_LIMIT_ENV: "2048"}
+    assert pool_cpu_memory(environ) == {}
+    assert environ == {POOL_ENV: "1", POOL_LIMIT_ENV: "2048"}
+    environ = {POOL_ENV: "True"}
+    assert pool_cpu_memory(environ) == {POOL_LIMIT_ENV: str(machine_memory_mb())}
+
+
+def _allocator(code, **env):
+    """What `cpu_allocator_in_use()` says in a fresh interpreter after `code`."""
+    environ = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, POOL_LIMIT_ENV)}
+    environ.update(env, PYTHONPATH=str(REPO_ROOT))
+    script = (f"{code}\nfrom tfdist.runtime.cpu_allocator import cpu_allocator_in_use\n"
+              "import os\nprint(cpu_allocator_in_use(), os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'))")
+    result = subprocess.run([sys.executable, "-c", script], env=environ, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("code, env, expected", [
+    # A CPU tensor made before tfdist is imported: TensorFlow's default, malloc
+    # (the checker's import then imports tfdist, too late).
+    ("import tensorflow as tf\ntf.zeros([1])", {}, "malloc true"),
+    # tfdist imported, before or after TensorFlow: the pool.
+    ("import tfdist\nimport tensorflow", {}, "pool true"),
+    ("import tensorflow\nimport tfdist", {}, "pool true"),
+    # The user's choice stands.
+    ("import tfdist", {POOL_ENV: "false"}, "malloc false"),
+], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "explicit false"])
+def test_what_a_fresh_process_allocates_with(code, env, expected):
+    assert _allocator(code, **env) == expected
