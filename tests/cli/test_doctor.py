@@ -61,6 +61,9 @@ def test_doctor_reports_versions_build_devices_and_cpu(real_run):
     assert re.search(r"^  Keras +3\.", out, re.MULTILINE), out
     for label in ("CUDA", "cuDNN", "NCCL", "CPU", "model", "flags"):
         assert re.search(rf"^  {label} +\S", out, re.MULTILINE), (label, out)
+    # The doctor's own process got TensorFlow's pool (import tfdist asks for it).
+    assert re.search(r"^  tensor memory +TensorFlow's pool \(TF_CPU_ALLOCATOR_USE_BFC=true\), "
+                     r"up to \d+ MiB$", out, re.MULTILINE), out
     if not tf.config.list_physical_devices("GPU"):
         assert re.search(r"^  GPU +none visible to TensorFlow$", out, re.MULTILINE), out
     # Labels are aligned: every value starts in the same column.

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from helpers.paths import REPO_ROOT
-from tfdist.runtime.cpu_allocator import (POOL_ENV, POOL_LIMIT_ENV, machine_memory_mb,
-                                          pool_cpu_memory)
+from tfdist.runtime.cpu_allocator import (POOL_ENV, POOL_LIMIT_ENV, describe_cpu_allocator,
+                                          machine_memory_mb, pool_cpu_memory)
 
 
 def test_an_environment_that_says_nothing_gets_the_pool_up_to_the_machines_memory():
@@ -60,3 +60,12 @@ def _allocator(code, **env):
 ], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "explicit false"])
 def test_what_a_fresh_process_allocates_with(code, env, expected):
     assert _allocator(code, **env) == expected
+
+
+def test_the_doctors_line_says_where_tensors_come_from_and_how_to_change_it():
+    pooled = describe_cpu_allocator("pool", {POOL_ENV: "true", POOL_LIMIT_ENV: "2048"})
+    assert pooled == "TensorFlow's pool (TF_CPU_ALLOCATOR_USE_BFC=true), up to 2048 MiB"
+    refused = describe_cpu_allocator("malloc", {POOL_ENV: "false"})
+    assert refused.startswith("malloc (TF_CPU_ALLOCATOR_USE_BFC=false in the environment; unset it")
+    too_late = describe_cpu_allocator("malloc", {POOL_ENV: "true"})
+    assert too_late.startswith("malloc: a CPU tensor was made before") and "import tfdist" in too_late

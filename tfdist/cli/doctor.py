@@ -31,6 +31,7 @@ import time
 
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
+from tfdist.runtime.cpu_allocator import cpu_allocator_in_use, describe_cpu_allocator
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
 
@@ -583,7 +584,8 @@ def main(argv=None):
         ("Devices", device_rows([d.name for d in tf.config.list_physical_devices("CPU")],
                                 gpu_details, split)),
         ("CPU", [("model", cpu_model_name()),
-                 ("flags", describe_features(flags, from_env=CPU_FLAGS_ENV in os.environ))]),
+                 ("flags", describe_features(flags, from_env=CPU_FLAGS_ENV in os.environ)),
+                 ("tensor memory", describe_cpu_allocator(cpu_allocator_in_use()))]),
         ("Auto choices", auto_rows(choice, jit_compile, xla_reason, cnn_xla)),
     ]
     check_section = "All-reduce check (MirroredStrategy, 2 replicas)"

