@@ -52,12 +52,13 @@ def _allocator(code, **env):
     # A CPU tensor made before tfdist is imported: TensorFlow's default, malloc
     # (the checker's import then imports tfdist, too late).
     ("import tensorflow as tf\ntf.zeros([1])", {}, "malloc true"),
-    # tfdist imported, before or after TensorFlow: the pool.
+    # tfdist imported, before or after TensorFlow or Keras: the pool.
     ("import tfdist\nimport tensorflow", {}, "pool true"),
     ("import tensorflow\nimport tfdist", {}, "pool true"),
+    ("import keras\nimport tfdist", {}, "pool true"),
     # The user's choice stands.
     ("import tfdist", {POOL_ENV: "false"}, "malloc false"),
-], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "explicit false"])
+], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "keras first", "explicit false"])
 def test_what_a_fresh_process_allocates_with(code, env, expected):
     assert _allocator(code, **env) == expected
 

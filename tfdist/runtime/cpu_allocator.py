@@ -19,8 +19,9 @@ keeps the high-water mark of the process's CPU tensors: memory freed by
 TensorFlow is reused by TensorFlow, not returned to the system.
 
 It takes effect when set before the process's first CPU tensor: importing
-tfdist before creating any tensor is enough (importing TensorFlow first is
-fine); a program that created tensors before `import tfdist` keeps `malloc`
+tfdist before creating any tensor is enough (importing TensorFlow or Keras
+first is fine); a program that created tensors, or built a model, before
+`import tfdist` keeps `malloc`
 (`cpu_allocator_in_use()` tells which).
 
 Example:
