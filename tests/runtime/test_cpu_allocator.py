@@ -21,7 +21,8 @@ def test_an_environment_that_says_nothing_gets_the_pool_up_to_the_machines_memor
     assert machine_memory_mb() > 1024
 
 
-@pytest.mark.parametrize("value", ["false", "0", "no"])
+# TensorFlow reads only "1" and "true" (any case) as true: "yes" or " true" leave malloc.
+@pytest.mark.parametrize("value", ["false", "0", "no", "yes", " true"])
 def test_an_explicit_no_keeps_malloc_and_sets_no_limit(value):
     environ = {POOL_ENV: value}
     assert pool_cpu_memory(environ) == {}

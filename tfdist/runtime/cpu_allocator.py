@@ -36,7 +36,12 @@ import os
 
 POOL_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 POOL_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
-_TRUE = {"1", "true", "t", "yes", "y"}  # what TensorFlow's ReadBoolFromEnvVar reads as true
+
+
+def _tensorflow_reads_true(value):
+    """Whether TensorFlow reads this environment value as true: "1" or "true" in
+    any case (its ReadBoolFromEnvVar; any other value leaves malloc)."""
+    return value.lower() in ("1", "true")
 
 
 def machine_memory_mb():
@@ -75,10 +80,10 @@ def pool_cpu_memory(environ=None):
     set_here = {}
     if POOL_ENV not in environ:
         environ[POOL_ENV] = set_here[POOL_ENV] = "true"
-    pooled = environ[POOL_ENV].strip().lower() in _TRUE
-    memory = machine_memory_mb()
-    if pooled and POOL_LIMIT_ENV not in environ and memory:
-        environ[POOL_LIMIT_ENV] = set_here[POOL_LIMIT_ENV] = str(memory)
+    if _tensorflow_reads_true(environ[POOL_ENV]) and POOL_LIMIT_ENV not in environ:
+        memory = machine_memory_mb()
+        if memory:
+            environ[POOL_LIMIT_ENV] = set_here[POOL_LIMIT_ENV] = str(memory)
     return set_here
 
 
@@ -122,7 +127,7 @@ def describe_cpu_allocator(in_use, environ=None):
         limit = environ.get(POOL_LIMIT_ENV)
         return (f"TensorFlow's pool ({POOL_ENV}={value})"
                 + (f", up to {limit} MiB" if limit else ", up to TensorFlow's 64 GiB"))
-    if value is not None and value.strip().lower() not in _TRUE:
+    if value is not None and not _tensorflow_reads_true(value):
         return (f"malloc ({POOL_ENV}={value} in the environment; unset it for TensorFlow's "
                 "pool, whose steps ran 1.2-1.75x faster where malloc faulted)")
     return (f"malloc: a CPU tensor was made before {POOL_ENV} was set (import tfdist before "
