@@ -2,20 +2,27 @@
 process with TensorFlow imported behaves as `python -m` in a fresh process
 (argv, working directory, environment, output, exit codes, signals,
 timeouts), and a run whose environment TensorFlow would read at import gets
-a fresh process."""
+a fresh process. A client process standing for a forked run (zygote_client.py,
+for the processes tests signal and the launcher's workers) passes signals on,
+ends as its run ends, takes its run with it when killed, and starts a fresh
+interpreter when the server refuses its environment."""
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
-from helpers.paths import TESTS_DIR
+from helpers.paths import TESTS_DIR, WORKERS_DIR
+from helpers.processes import finish
 from helpers.recipe_util import _recipe_env
 from helpers import zygote
-from helpers.zygote import _server_for, run_module
+from helpers.zygote import _server_for, forked_command, run_module
 
 PROBE = "helpers.workers.zygote_probe"
+PROBE_SCRIPT = os.path.join(WORKERS_DIR, "zygote_probe.py")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,3 +117,79 @@ def test_a_run_that_sets_tensorflows_log_level_gets_a_fresh_process():
     assert report(probe("report", "--tf-log-level", "0"))["tensorflow_imported_at_start"] is False
     assert report(probe("report", "--tf-log-level=0"))["tensorflow_imported_at_start"] is False
     assert report(probe("report", "--tf-log-levels"))["tensorflow_imported_at_start"] is True
+
+
+def start_client(*args, env=None, run_env=None, script=False):
+    """The client's Popen running the probe (`-m` or as a script), stdout and stderr merged."""
+    target = [PROBE_SCRIPT] if script else ["-m", PROBE]
+    command, full_env = forked_command([sys.executable, *target, *args], _recipe_env(env),
+                                       TESTS_DIR, run_env=run_env)
+    assert command[1] == zygote.CLIENT, command
+    return subprocess.Popen(command, cwd=TESTS_DIR, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def fresh_run(*args, script=False):
+    target = [PROBE_SCRIPT] if script else ["-m", PROBE]
+    return subprocess.run([sys.executable, *target, *args], cwd=TESTS_DIR, env=_recipe_env(None),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def gone(pid, seconds=10):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["-m", "script"])
+def test_a_client_run_sees_what_a_fresh_python_sees(script):
+    client = start_client("report", "--flag", "x y", script=script)
+    code, out = finish(client, timeout=120)
+    forked, fresh = report(subprocess.CompletedProcess([], code, out)), report(fresh_run(
+        "report", "--flag", "x y", script=script))
+    assert forked["tensorflow_imported_at_start"] is True and fresh["tensorflow_imported_at_start"] is False
+    for name in ("argv", "cwd", "name", "probe_variable", "path0"):
+        assert forked[name] == fresh[name], (name, forked[name], fresh[name])
+    assert forked["pid"] != client.pid  # the run is the server's fork; the client stands for it
+    assert "on stderr" in out
+
+
+@pytest.mark.parametrize("args, code", [(("exit", "3"), 3), (("raise",), 1), (("terminate",), -15),
+                                        (("kill",), -9)])
+def test_a_client_ends_as_its_run_ends(args, code):
+    result, out = finish(start_client(*args), timeout=120)
+    assert result == code == fresh_run(*args).returncode, out
+    assert ("ValueError: the probe raised" in out) == (args == ("raise",))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_a_signal_to_the_client_or_its_group_reaches_the_run(signum):
+    client = start_client("sleep", "60")
+    run_pid = int(client.stdout.readline())
+    assert run_pid != client.pid
+    os.killpg(client.pid, signum) if signum == signal.SIGUSR1 else client.send_signal(signum)
+    code, out = finish(client, timeout=30)
+    # SIGINT: the run's KeyboardInterrupt traceback, then Python ends by SIGINT, as a fresh one does.
+    assert code == -signum, out
+    assert ("KeyboardInterrupt" in out) == (signum == signal.SIGINT)
+    assert gone(run_pid)
+
+
+def test_a_killed_client_takes_its_run_with_it():
+    client = start_client("sleep", "60")
+    run_pid = int(client.stdout.readline())
+    client.kill()
+    assert finish(client, timeout=30)[0] == -9
+    assert gone(run_pid), "the run outlived its client"
+
+
+def test_a_client_whose_environment_the_server_did_not_start_with_runs_fresh():
+    client = start_client("report", run_env=_recipe_env({"TF_ZYGOTE_TEST": "other"}))
+    code, out = finish(client, timeout=120)
+    seen = report(subprocess.CompletedProcess([], code, out))
+    assert seen["tensorflow_imported_at_start"] is False and seen["pid"] == client.pid  # exec'd

@@ -19,6 +19,8 @@ import pytest
 
 from helpers.recipe_util import REPO_ROOT
 from helpers.compare import assert_same_final_checkpoint
+from helpers.mw import forked_workers
+from helpers.zygote import forked_command
 from helpers.processes import finish, newest_backup, wait_for_backup
 from tfdist.callbacks import latest_backup
 
@@ -53,14 +55,27 @@ def launcher_command(workers, model_dir, *launcher_flags):
             *recipe_command(model_dir, "--strategy", "multi_worker_mirrored", "--xla", "off")]
 
 
+def forked(command, env):
+    """`(command, env)` whose recipe run (or the launcher's workers' runs) is forked from a
+    process with TensorFlow imported (helpers.zygote): a real process all the same, that
+    takes the signals sent to it."""
+    if "--" in command:  # the launcher's command: its workers' runs are forked
+        split = command.index("--")
+        worker, env = forked_workers(command[split + 1:], env, startup_timeout=180)
+        return command[:split + 1] + worker, env
+    return forked_command(command, env, REPO_ROOT)
+
+
 def run(command, timeout=420):
-    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
+    command, env = forked(command, _env())
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return result.returncode, result.stdout
 
 
 def start(command, **env):
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=_env(**env), stdout=subprocess.PIPE,
+    command, env = forked(command, _env(**env))
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 

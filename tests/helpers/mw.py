@@ -2,7 +2,10 @@
 
 Every multi-worker test goes through here so that each uses fresh processes
 (a TF gRPC server cannot be stopped inside a process), has a hard deadline,
-and sees every exit code.
+and sees every exit code. The launcher is tfdist's own, as a user runs it; a
+Python worker's run is forked from one of this pytest worker's fork servers
+(`forked_workers`, helpers.zygote), so it skips TensorFlow's import but is
+still a process of its own that the launcher starts, signals and waits for.
 """
 
 import os
@@ -10,6 +13,7 @@ import subprocess
 import sys
 
 from helpers.paths import REPO_ROOT  # noqa: E402,F401
+from helpers.zygote import forked_command
 
 
 def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None,
@@ -63,4 +67,19 @@ def _launcher_command(args, workers, timeout, startup_timeout, devices_per_worke
     full_env.update(env or {})
     for name in [name for name, value in full_env.items() if value is None]:
         del full_env[name]  # env={"NAME": None} unsets NAME
+    worker, full_env = forked_workers(worker, full_env, devices_per_worker, startup_timeout)
     return command + ["--"] + worker, full_env
+
+
+def forked_workers(worker, launcher_env, devices_per_worker=None, startup_timeout=None):
+    """`(worker command, launcher environment)` whose workers' runs are forked from the
+    fork server for the environment the launcher gives them (`helpers.zygote.forked_command`;
+    a command that is not `python -m ...` or `python SCRIPT.py ...` stays as it is).
+
+    Example: `worker, env = forked_workers([sys.executable, "-m", "tfdist.recipes.cnn"], env)`
+    """
+    from tfdist.launch.local_cluster import cluster_spec, task_env
+
+    run_env = task_env(launcher_env, cluster_spec("127.0.0.1", [1, 2]), ("worker", 0), "ready",
+                       devices_per_worker, startup_timeout)
+    return forked_command(worker, launcher_env, REPO_ROOT, run_env=run_env)

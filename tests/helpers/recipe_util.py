@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from helpers.paths import REPO_ROOT  # noqa: E402,F401
-from helpers.zygote import run_module
+from helpers.zygote import forked_command, run_module
 
 
 def _recipe_env(env):
@@ -30,12 +30,15 @@ def run_recipe(name, args, timeout=300, env=None):
 
 def start_recipe(name, args, env=None):
     """Starts a recipe run and returns its Popen (stdout and stderr merged, as text);
-    end it with `helpers.processes.finish`.
+    end it with `helpers.processes.finish`. The process stands for a run forked from
+    one with TensorFlow imported where it can be (`helpers.zygote.forked_command`):
+    signals sent to it reach the run, and it exits as the run does.
 
     Example: `process = start_recipe("translation", ["--model-dir", str(tmp_path)])`
     """
-    return subprocess.Popen([sys.executable, "-m", f"tfdist.recipes.{name}", *args],
-                            cwd=REPO_ROOT, env=_recipe_env(env), stdout=subprocess.PIPE,
+    command, env = forked_command([sys.executable, "-m", f"tfdist.recipes.{name}", *args],
+                                  _recipe_env(env), REPO_ROOT)
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 

@@ -16,14 +16,21 @@ TensorFlow's log level (`--tf-log-level`, applied at import), or when
 TensorFlow import, what is imported at all) start their processes
 themselves.
 
+A process a test signals, or that tfdist's launcher starts as a worker, must
+be a real child of its parent: `forked_command` turns its command into one
+of a small client (tests/helpers/workers/zygote_client.py) that has the
+server fork the run and stands for it (signals passed on, the run's exit
+code or signal as its own).
+
 Example:
 
     result = run_module("tfdist.recipes.cnn", ["--epochs", "1"], env=env, cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stdout
+    command, env = forked_command([sys.executable, "-m", "tfdist.recipes.cnn"], env, REPO_ROOT)
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
 """
 
 import atexit
-import json
 import os
 import select
 import signal
@@ -35,22 +42,13 @@ import threading
 import time
 
 from helpers.paths import WORKERS_DIR
+from helpers.workers.zygote_protocol import (SOCKET_VARIABLE, import_time_environment, message,
+                                             read_message)
 
 SERVER = os.path.join(WORKERS_DIR, "zygote_server.py")
-# Environment variables read while Python, TensorFlow, Keras or their libraries
-# start, before a forked run could change them: a run whose values differ gets
-# a fresh interpreter. (TF_CONFIG is read when a strategy is made.)
-IMPORT_TIME_PREFIXES = ("PYTHON", "TF_", "TENSORFLOW", "KERAS", "XLA", "CUDA", "NVIDIA", "LD_",
-                        "OMP_", "KMP_", "MKL", "DNNL", "ONEDNN", "OPENBLAS", "MALLOC", "GLIBC")
-RUNTIME_VARIABLES = {"TF_CONFIG"}
+CLIENT = os.path.join(WORKERS_DIR, "zygote_client.py")
 IMPORT_TIME_FLAGS = ("--tf-log-level",)
 SERVER_START_DEADLINE = 180
-
-
-def import_time_environment(env):
-    """The part of `env` a forked run could not change."""
-    return {name: value for name, value in env.items()
-            if name.startswith(IMPORT_TIME_PREFIXES) and name not in RUNTIME_VARIABLES}
 
 
 class _Server:
@@ -94,7 +92,7 @@ class _Server:
 # This pytest worker's servers, by the import-time environment they started with,
 # least recently used first.
 _SERVERS = {}
-MAX_SERVERS = 3
+MAX_SERVERS = 4
 
 
 def _server_for(env, cwd):
@@ -127,14 +125,40 @@ def _read_all(fd, chunks):
 
 
 def _line(connection, buffer, deadline):
-    while b"\n" not in buffer[0]:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        chunk = connection.recv(4096)
-        if not chunk:
-            raise ConnectionError("the zygote server closed the connection before the run's exit status")
-        buffer[0] += chunk
-    line, buffer[0] = buffer[0].split(b"\n", 1)
-    return json.loads(line)
+    return read_message(connection, buffer, max(deadline - time.monotonic(), 0.001))
+
+
+def _forks_the_command(command):
+    """Whether `command` is `python -m MODULE ...` or `python SCRIPT.py ...` with this
+    interpreter, the commands a forked run can stand for."""
+    return (len(command) >= 2 and command[0] == sys.executable
+            and (command[1] == "-m" or command[1].endswith(".py")))
+
+
+def forked_command(command, env, cwd, run_env=None):
+    """`(command, env)` that starts `command` as a process whose run is forked from a
+    server of this pytest worker (zygote_client.py), when it can be.
+
+    `command` is `[sys.executable, "-m", MODULE, ...]` or `[sys.executable,
+    SCRIPT, ...]`; any other command, or one that sets TensorFlow's log level,
+    is returned unchanged, as when `TFDIST_TEST_ZYGOTE=off`. `run_env` is the
+    environment the run itself will see when it differs from `env` (tfdist's
+    launcher adds its own variables to its workers'): the server is the one
+    for that environment. The client starts a fresh interpreter when the
+    server is gone or refuses its environment.
+
+    Example:
+
+        command, env = forked_command([sys.executable, "-m", "tfdist.recipes.cnn"], env, REPO_ROOT)
+        process = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
+    """
+    sets_import_time_flag = any(arg.split("=")[0] in IMPORT_TIME_FLAGS for arg in command)
+    if not _forks_the_command(command) or sets_import_time_flag:
+        return list(command), dict(env)
+    server = _server_for(run_env if run_env is not None else env, cwd)
+    if server is None:
+        return list(command), dict(env)
+    return [sys.executable, CLIENT, *command[1:]], dict(env, **{SOCKET_VARIABLE: server.path})
 
 
 def run_module(module, args, env, cwd, timeout, fork=True):
@@ -162,11 +186,11 @@ def run_module(module, args, env, cwd, timeout, fork=True):
     pid = None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(server.path)
-        socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [write_fd, write_fd])
+        socket.send_fds(connection, [message(request)], [write_fd, write_fd])
         os.close(write_fd)
         buffer = [b""]
         try:
-            pid = _line(connection, buffer, deadline)["pid"]
+            pid = _line(connection, buffer, deadline)["pid"]  # never refused: its own server
             status = _line(connection, buffer, deadline)["status"]
         except socket.timeout:
             if pid is not None:

@@ -131,14 +131,15 @@ def test_killing_one_worker_stops_the_job_with_an_error_instead_of_hanging():
     import threading
     import time
 
-    from helpers.mw import REPO_ROOT
+    from helpers.mw import REPO_ROOT, forked_workers
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)
+    worker, env = forked_workers([sys.executable, "-m", "tfdist.recipes.transformer", "--strategy",
+                                  "multi_worker_mirrored", "--epochs", "100", "--verbose", "2"], env)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tfdist.launch", "--workers", "2", "--grace-period", "2",
-         "--timeout", "600", "--", sys.executable, "-m", "tfdist.recipes.transformer",
-         "--strategy", "multi_worker_mirrored", "--epochs", "100", "--verbose", "2"],
+         "--timeout", "600", "--", *worker],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)

@@ -1,6 +1,6 @@
 """A module run by tests/test_zygote.py, forked (helpers.zygote) and fresh, to compare the two.
 
-    python -m helpers.workers.zygote_probe report|exit N|raise|terminate|sleep S|carriage-return
+    python -m helpers.workers.zygote_probe report|exit N|raise|terminate|kill|sleep S|carriage-return
 """
 
 import json
@@ -32,6 +32,8 @@ def main(action, *rest):
     elif action == "terminate":
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
+    elif action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     elif action == "sleep":
         print(os.getpid(), flush=True)
         time.sleep(float(rest[0]))
