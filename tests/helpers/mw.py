@@ -17,7 +17,7 @@ from helpers.zygote import forked_command
 
 
 def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None, env=None,
-           ps=0, grace_period=2):
+           ps=0, grace_period=2, fork=True):
     """Runs `python -m tfdist.launch --workers N -- <args>` and returns the
     `subprocess.CompletedProcess` (text, stdout and stderr merged into stdout).
 
@@ -25,29 +25,31 @@ def launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker
     a `.py` path or `-m`: the current interpreter is prepended. The launcher is
     given `timeout` as its job deadline, and the test kills it 30 s later at
     the latest, so a hung job fails the test instead of hanging it.
+    `fork=False` starts each worker as a fresh interpreter, for a test about
+    what a worker's start-up prints (`forked_workers`).
     """
     command, full_env = _launcher_command(args, workers, timeout, startup_timeout,
-                                          devices_per_worker, env, ps, grace_period)
+                                          devices_per_worker, env, ps, grace_period, fork)
     return subprocess.run(command, cwd=REPO_ROOT, env=full_env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout + 30)
 
 
 def start_launch(args, workers=2, timeout=240, startup_timeout=180, devices_per_worker=None,
-                 env=None, ps=0, grace_period=2):
+                 env=None, ps=0, grace_period=2, fork=True):
     """`launch` without waiting: the launcher's `subprocess.Popen` (text, stdout and stderr
     merged), for a test that signals it; end it with `helpers.processes.finish`.
 
     Example: `launcher = start_launch(["-m", "tfdist.recipes.transformer", ...])`
     """
     command, full_env = _launcher_command(args, workers, timeout, startup_timeout,
-                                          devices_per_worker, env, ps, grace_period)
+                                          devices_per_worker, env, ps, grace_period, fork)
     return subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
 def _launcher_command(args, workers, timeout, startup_timeout, devices_per_worker, env, ps,
-                      grace_period):
+                      grace_period, fork):
     """`(command, environment)` of the launcher running `args` (see `launch`)."""
     command = [sys.executable, "-m", "tfdist.launch", "--workers", str(workers),
                "--timeout", str(timeout), "--startup-timeout", str(startup_timeout),
@@ -67,7 +69,8 @@ def _launcher_command(args, workers, timeout, startup_timeout, devices_per_worke
     full_env.update(env or {})
     for name in [name for name, value in full_env.items() if value is None]:
         del full_env[name]  # env={"NAME": None} unsets NAME
-    worker, full_env = forked_workers(worker, full_env, devices_per_worker, startup_timeout)
+    if fork:
+        worker, full_env = forked_workers(worker, full_env, devices_per_worker, startup_timeout)
     return command + ["--"] + worker, full_env
 
 

@@ -21,9 +21,10 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "40", "--validation-steps", "4", 
 @pytest.mark.slow
 @pytest.mark.multiworker
 def test_two_workers_through_the_launcher_learn():
-    # As a user runs it: nothing set about TensorFlow's logging.
+    # As a user runs it: nothing set about TensorFlow's logging, fresh workers (no fork).
     result = launch(["-m", "tfdist.recipes.transformer", "--strategy", "multi_worker_mirrored",
-                     *SHORT], workers=2, timeout=420, env={"TF_CPP_MIN_LOG_LEVEL": None})
+                     *SHORT], workers=2, timeout=420, env={"TF_CPP_MIN_LOG_LEVEL": None},
+                    fork=False)
     assert result.returncode == 0, result.stdout[-4000:]
     lines = result.stdout.splitlines()
     tf_lines = [line for line in lines if re.match(r"^\[worker \d+\] [IWEF]\d{4} \d\d:", line)

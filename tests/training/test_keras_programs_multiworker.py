@@ -30,8 +30,9 @@ STARTUP_LINES = ("All log messages before absl::InitializeLog()", "oneDNN custom
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("keras_programs_mw")
     # TF_CPP_MIN_LOG_LEVEL unset, as in a user's shell: the launcher's default applies.
+    # Fresh workers (no fork): their start-up output is checked below.
     result = launch([WORKER, "--out", str(out)], workers=2, timeout=400, startup_timeout=180,
-                    env={"TF_CPP_MIN_LOG_LEVEL": None})
+                    env={"TF_CPP_MIN_LOG_LEVEL": None}, fork=False)
     assert result.returncode == 0, result.stdout[-5000:]
     assert "worker 0 done" in result.stdout and "worker 1 done" in result.stdout
     (out / "launcher_output.txt").write_text(result.stdout)
