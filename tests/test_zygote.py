@@ -49,13 +49,16 @@ def report(result):
     return json.loads(result.stdout.splitlines()[0])
 
 
-def test_a_forked_run_sees_what_a_fresh_python_m_sees():
-    forked = probe("report", "--flag", "x y", env={"ZYGOTE_PROBE": "forked"})
-    fresh = probe("report", "--flag", "x y", env={"ZYGOTE_PROBE": "forked"}, fresh=True)
+def test_a_forked_run_sees_what_a_fresh_python_m_sees(tmp_path):
+    report(probe("report"))  # the server started without this TMPDIR (its import found /tmp)
+    env = {"ZYGOTE_PROBE": "forked", "TMPDIR": str(tmp_path)}
+    forked = probe("report", "--flag", "x y", env=env)
+    fresh = probe("report", "--flag", "x y", env=env, fresh=True)
     seen = {name: [report(forked)[name], report(fresh)[name]] for name in report(forked)}
     assert seen["tensorflow_imported_at_start"] == [True, False]  # the fork did skip the import
-    for name in ("argv", "cwd", "name", "probe_variable", "path0"):
+    for name in ("argv", "cwd", "name", "probe_variable", "path0", "tempdir"):
         assert seen[name][0] == seen[name][1], (name, seen[name])
+    assert seen["tempdir"][0] == str(tmp_path)  # not the server's, cached by its tempfile
     assert seen["argv"][0] == ["report", "--flag", "x y"]
     assert seen["name"][0] == "__main__" and seen["cwd"][0] == TESTS_DIR
     assert "on stderr" in forked.stdout  # stderr merged into stdout, as the recipes' runs ask

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 
 TENSORFLOW_IMPORTED_AT_START = "tensorflow" in sys.modules
@@ -18,7 +19,8 @@ def report():
     print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "name": __name__,
                       "probe_variable": os.environ.get("ZYGOTE_PROBE"), "path0": sys.path[0],
                       "tensorflow_imported_at_start": TENSORFLOW_IMPORTED_AT_START,
-                      "random": random.random(), "pid": os.getpid()}))
+                      "random": random.random(), "pid": os.getpid(),
+                      "tempdir": tempfile.gettempdir()}))
     print("on stderr", file=sys.stderr)
 
 

@@ -33,6 +33,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 
 from zygote_protocol import first_difference, message
 
@@ -82,6 +83,7 @@ def become_the_run(request, fds):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # found again from this run's TMPDIR (the server's was cached)
     # What `import tfdist` sets where the environment does not (the server's own
     # values went with os.environ.clear()): a fresh process would set them.
     from tfdist.runtime.cpu_allocator import pool_cpu_memory
