@@ -36,13 +36,19 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 
 
 def run_fresh(argv, mask):
-    """Becomes `python ARGV` (the signal mask as it was at start); never returns."""
+    """Becomes `python ARGV` (the signal mask as it was at start); never returns.
+
+    Example: `run_fresh(["-m", "tfdist.recipes.cnn"], signal.pthread_sigmask(signal.SIG_BLOCK, []))`
+    """
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.execv(sys.executable, [sys.executable, *argv])
 
 
 def request_for(argv):
-    """The server's request for `python ARGV`, or None when only a fresh interpreter can run it."""
+    """The server's request for `python ARGV`, or None when only a fresh interpreter can run it.
+
+    Example: `request_for(["-m", "tfdist.recipes.cnn", "--epochs", "1"])["module"]`
+    """
     env = {name: value for name, value in os.environ.items() if name != SOCKET_VARIABLE}
     base = {"env": env, "cwd": os.getcwd()}
     if len(argv) >= 2 and argv[0] == "-m":
@@ -53,7 +59,10 @@ def request_for(argv):
 
 
 def end_as(status):
-    """Exits as a process with wait status `status` did; never returns."""
+    """Exits as a process with wait status `status` did; never returns.
+
+    Example: `end_as(os.waitpid(pid, 0)[1])`
+    """
     code = os.waitstatus_to_exitcode(status)
     if code >= 0:
         os._exit(code)  # pylint: disable=protected-access
@@ -67,6 +76,10 @@ def end_as(status):
 
 
 def main(argv):
+    """Runs `python ARGV` forked (or fresh) and ends as it ends.
+
+    Example: `main(["-m", "tfdist.recipes.cnn", "--epochs", "1"])`
+    """
     # Held until the run's pid is known, then passed on.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     path, request = os.environ.get(SOCKET_VARIABLE), request_for(argv)

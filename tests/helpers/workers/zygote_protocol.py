@@ -61,5 +61,8 @@ def read_message(connection, buffer, deadline_seconds=None):
 
 
 def message(payload):
-    """One JSON line, as `read_message` reads it."""
+    """One JSON line, as `read_message` reads it.
+
+    Example: `connection.sendall(message({"pid": 12}))`
+    """
     return json.dumps(payload).encode() + b"\n"
