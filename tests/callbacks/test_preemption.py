@@ -19,7 +19,7 @@ import pytest
 
 from helpers.recipe_util import REPO_ROOT
 from helpers.compare import assert_same_final_checkpoint
-from helpers.mw import forked_workers
+from helpers.mw import with_forked_workers
 from helpers.zygote import forked_command
 from helpers.processes import finish, newest_backup, wait_for_backup
 from tfdist.callbacks import latest_backup
@@ -60,9 +60,7 @@ def forked(command, env):
     process with TensorFlow imported (helpers.zygote): a real process all the same, that
     takes the signals sent to it."""
     if "--" in command:  # the launcher's command: its workers' runs are forked
-        split = command.index("--")
-        worker, env = forked_workers(command[split + 1:], env, startup_timeout=180)
-        return command[:split + 1] + worker, env
+        return with_forked_workers(command, env, startup_timeout=180)
     return forked_command(command, env, REPO_ROOT)
 
 

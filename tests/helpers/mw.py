@@ -69,9 +69,23 @@ def _launcher_command(args, workers, timeout, startup_timeout, devices_per_worke
     full_env.update(env or {})
     for name in [name for name, value in full_env.items() if value is None]:
         del full_env[name]  # env={"NAME": None} unsets NAME
+    command = command + ["--"] + worker
     if fork:
-        worker, full_env = forked_workers(worker, full_env, devices_per_worker, startup_timeout)
-    return command + ["--"] + worker, full_env
+        return with_forked_workers(command, full_env, devices_per_worker, startup_timeout)
+    return command, full_env
+
+
+def with_forked_workers(launcher_command, launcher_env, devices_per_worker=None,
+                        startup_timeout=None):
+    """`(launcher command, environment)` whose worker command (after `--`) is
+    `forked_workers`'s.
+
+    Example: `command, env = with_forked_workers([..., "tfdist.launch", "--", python, "-m", ...], env)`
+    """
+    split = launcher_command.index("--") + 1
+    worker, env = forked_workers(launcher_command[split:], launcher_env, devices_per_worker,
+                                 startup_timeout)
+    return launcher_command[:split] + worker, env
 
 
 def forked_workers(worker, launcher_env, devices_per_worker=None, startup_timeout=None):

@@ -43,7 +43,7 @@ import time
 
 from helpers.paths import WORKERS_DIR
 from helpers.workers.zygote_protocol import (SOCKET_VARIABLE, import_time_environment, message,
-                                             read_message)
+                                             read_message, run_target)
 
 SERVER = os.path.join(WORKERS_DIR, "zygote_server.py")
 CLIENT = os.path.join(WORKERS_DIR, "zygote_client.py")
@@ -128,11 +128,9 @@ def _line(connection, buffer, deadline):
     return read_message(connection, buffer, max(deadline - time.monotonic(), 0.001))
 
 
-def _forks_the_command(command):
-    """Whether `command` is `python -m MODULE ...` or `python SCRIPT.py ...` with this
-    interpreter, the commands a forked run can stand for."""
-    return (len(command) >= 2 and command[0] == sys.executable
-            and (command[1] == "-m" or command[1].endswith(".py")))
+def _sets_an_import_time_flag(args):
+    """Whether `args` set something applied while TensorFlow is imported (`--tf-log-level`)."""
+    return any(arg.split("=")[0] in IMPORT_TIME_FLAGS for arg in args)
 
 
 def forked_command(command, env, cwd, run_env=None):
@@ -152,8 +150,8 @@ def forked_command(command, env, cwd, run_env=None):
         command, env = forked_command([sys.executable, "-m", "tfdist.recipes.cnn"], env, REPO_ROOT)
         process = subprocess.Popen(command, env=env, cwd=REPO_ROOT)
     """
-    sets_import_time_flag = any(arg.split("=")[0] in IMPORT_TIME_FLAGS for arg in command)
-    if not _forks_the_command(command) or sets_import_time_flag:
+    forkable = command[:1] == [sys.executable] and run_target(command[1:]) is not None
+    if not forkable or _sets_an_import_time_flag(command):
         return list(command), dict(env)
     server = _server_for(run_env if run_env is not None else env, cwd)
     if server is None:
@@ -172,8 +170,7 @@ def run_module(module, args, env, cwd, timeout, fork=True):
     Example: `run_module("tfdist.recipes.cnn", ["--epochs", "1"], env, REPO_ROOT, 300).returncode`
     """
     command = [sys.executable, "-m", module, *args]
-    sets_import_time_flag = any(arg.split("=")[0] in IMPORT_TIME_FLAGS for arg in args)
-    server = _server_for(env, cwd) if fork and not sets_import_time_flag else None
+    server = _server_for(env, cwd) if fork and not _sets_an_import_time_flag(args) else None
     if server is None:
         return subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from helpers.mw import REPO_ROOT, forked_workers
+from helpers.mw import REPO_ROOT, with_forked_workers
 
 # Asynchronous steps make each run's learning curve differ: over 11 runs of 3
 # epochs here the last epoch's mean training loss ranged from 0.005 to 2.13
@@ -49,10 +49,10 @@ def run_job(model_dir, ps, epochs, on_line=None, steps=STEPS):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO_ROOT)
     env.pop("TF_CONFIG", None)
-    split = command.index("--") + 1  # the tasks' runs forked from a process with TensorFlow imported
-    worker, env = forked_workers(command[split:], env)
-    job = subprocess.Popen(command[:split] + worker, cwd=REPO_ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The tasks' runs forked from a process with TensorFlow imported.
+    command, env = with_forked_workers(command, env)
+    job = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 330
     try:

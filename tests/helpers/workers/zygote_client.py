@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 
-from zygote_protocol import SOCKET_VARIABLE, message, read_message
+from zygote_protocol import SOCKET_VARIABLE, message, read_message, run_target
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
            signal.SIGUSR2)
@@ -49,13 +49,11 @@ def request_for(argv):
 
     Example: `request_for(["-m", "tfdist.recipes.cnn", "--epochs", "1"])["module"]`
     """
+    target = run_target(argv)
+    if target is None or ("path" in target and not os.path.isfile(target["path"])):
+        return None  # a missing script: a fresh python says so, as it would
     env = {name: value for name, value in os.environ.items() if name != SOCKET_VARIABLE}
-    base = {"env": env, "cwd": os.getcwd()}
-    if len(argv) >= 2 and argv[0] == "-m":
-        return dict(base, module=argv[1], args=argv[2:])
-    if argv and argv[0].endswith(".py") and os.path.isfile(argv[0]):
-        return dict(base, path=argv[0], args=argv[1:])
-    return None
+    return dict(target, env=env, cwd=os.getcwd())
 
 
 def end_as(status):

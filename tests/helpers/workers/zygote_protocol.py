@@ -23,6 +23,20 @@ RUNTIME_VARIABLES = {"TF_CONFIG"}
 SOCKET_VARIABLE = "TFDIST_TEST_ZYGOTE_SOCKET"
 
 
+def run_target(argv):
+    """What `python ARGV` runs, as a request's `module` or `path` with its `args`; None
+    for anything else (`-c`, interpreter options), which only a fresh interpreter runs.
+
+    Example: `run_target(["-m", "tfdist.recipes.cnn", "--epochs", "1"])`
+    # {'module': 'tfdist.recipes.cnn', 'args': ['--epochs', '1']}
+    """
+    if len(argv) >= 2 and argv[0] == "-m":
+        return {"module": argv[1], "args": list(argv[2:])}
+    if argv and argv[0].endswith(".py"):
+        return {"path": argv[0], "args": list(argv[1:])}
+    return None
+
+
 def import_time_environment(env):
     """The part of `env` a forked run could not change.
 
