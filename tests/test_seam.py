@@ -55,6 +55,7 @@ PINS = {
         ("tensorflow.python.eager.context", "Context.configure_coordination_service"),
         ("tensorflow.python.eager.context", "Context.coordination_service")],
     "local_gpu_memory_limits": [("tensorflow.python.client.device_lib", "list_local_devices")],
+    "onednn_enabled": [("tensorflow.python.util._pywrap_util_port", "IsMklEnabled")],
     "install_exact_bfloat16_bias_gradients": [
         ("tensorflow.python.framework.ops", "_gradient_registry"),
         ("tensorflow.python.framework.registry", "Registry", "self._registry")],

@@ -1,7 +1,8 @@
 """`import tfdist` asks TensorFlow for its pooled CPU allocator (unless the
 environment decided otherwise), in fresh interpreters: TensorFlow's own
-default is malloc, the pool is what a tfdist program gets, an explicit
-`TF_CPU_ALLOCATOR_USE_BFC=false` keeps malloc."""
+default is malloc (oneDNN's pool where oneDNN is on), the pool is what a
+tfdist program gets, an explicit `TF_CPU_ALLOCATOR_USE_BFC=false` keeps
+TensorFlow's default."""
 
 import os
 import subprocess
@@ -37,12 +38,21 @@ def test_an_explicit_yes_or_limit_is_kept():
     assert pool_cpu_memory(environ) == {POOL_LIMIT_ENV: str(machine_memory_mb())}
 
 
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+
+
 def _allocator(code, **env):
-    """What `cpu_allocator_in_use()` says in a fresh interpreter after `code`."""
+    """What `cpu_allocator_in_use()` and the environment say in a fresh interpreter
+    after `code`, and whether TensorFlow ran oneDNN there. oneDNN is off unless
+    `env` says otherwise: TensorFlow turns it on by itself only on some CPUs
+    (AVX512-VNNI, AVX512-BF16, AMX), and with it its default allocator is
+    oneDNN's pool instead of malloc."""
     environ = {k: v for k, v in os.environ.items() if k not in (POOL_ENV, POOL_LIMIT_ENV)}
-    environ.update(env, PYTHONPATH=str(REPO_ROOT))
+    environ.update({ONEDNN_ENV: "0"}, **env, PYTHONPATH=str(REPO_ROOT))
     script = (f"{code}\nfrom tfdist.runtime.cpu_allocator import cpu_allocator_in_use\n"
-              "import os\nprint(cpu_allocator_in_use(), os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'))")
+              "from tfdist import seam\n"
+              "import os\nprint(cpu_allocator_in_use(), os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'),"
+              " seam.onednn_enabled())")
     result = subprocess.run([sys.executable, "-c", script], env=environ, cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -52,14 +62,20 @@ def _allocator(code, **env):
 @pytest.mark.parametrize("code, env, expected", [
     # A CPU tensor made before tfdist is imported: TensorFlow's default, malloc
     # (the checker's import then imports tfdist, too late).
-    ("import tensorflow as tf\ntf.zeros([1])", {}, "malloc true"),
+    ("import tensorflow as tf\ntf.zeros([1])", {}, "malloc true False"),
     # tfdist imported, before or after TensorFlow or Keras: the pool.
-    ("import tfdist\nimport tensorflow", {}, "pool true"),
-    ("import tensorflow\nimport tfdist", {}, "pool true"),
-    ("import keras\nimport tfdist", {}, "pool true"),
+    ("import tfdist\nimport tensorflow", {}, "pool true False"),
+    ("import tensorflow\nimport tfdist", {}, "pool true False"),
+    ("import keras\nimport tfdist", {}, "pool true False"),
     # The user's choice stands.
-    ("import tfdist", {POOL_ENV: "false"}, "malloc false"),
-], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "keras first", "explicit false"])
+    ("import tfdist", {POOL_ENV: "false"}, "malloc false False"),
+    # With oneDNN on, TensorFlow's default is oneDNN's pool: tfdist's setting
+    # gives TensorFlow's pool, the user's "false" or a tensor made first oneDNN's.
+    ("import tfdist", {ONEDNN_ENV: "1"}, "pool true True"),
+    ("import tfdist", {POOL_ENV: "false", ONEDNN_ENV: "1"}, "pool false True"),
+    ("import tensorflow as tf\ntf.zeros([1])", {ONEDNN_ENV: "1"}, "pool true True"),
+], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "keras first",
+        "explicit false", "onednn", "onednn explicit false", "onednn a tensor before tfdist"])
 def test_what_a_fresh_process_allocates_with(code, env, expected):
     assert _allocator(code, **env) == expected
 
@@ -69,5 +85,11 @@ def test_the_doctors_line_says_where_tensors_come_from_and_how_to_change_it():
     assert pooled == "TensorFlow's pool (TF_CPU_ALLOCATOR_USE_BFC=true), up to 2048 MiB"
     refused = describe_cpu_allocator("malloc", {POOL_ENV: "false"})
     assert refused.startswith("malloc (TF_CPU_ALLOCATOR_USE_BFC=false in the environment; unset it")
+    onednn_default = describe_cpu_allocator("pool", {POOL_ENV: "false"}, onednn=True)
+    assert onednn_default == ("oneDNN's pool (TensorFlow's default with oneDNN on; "
+                              "TF_CPU_ALLOCATOR_USE_BFC=false)")
+    assert describe_cpu_allocator("pool", {}, onednn=True).startswith("oneDNN's pool")
+    assert describe_cpu_allocator("pool", {POOL_ENV: "1"}, onednn=True).startswith(
+        "TensorFlow's pool (TF_CPU_ALLOCATOR_USE_BFC=1)")
     too_late = describe_cpu_allocator("malloc", {POOL_ENV: "true"})
     assert too_late.startswith("malloc: a CPU tensor was made before") and "import tfdist" in too_late

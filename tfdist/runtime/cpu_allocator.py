@@ -18,10 +18,16 @@ is set too. Child processes (the launcher's workers) inherit both. The pool
 keeps the high-water mark of the process's CPU tensors: memory freed by
 TensorFlow is reused by TensorFlow, not returned to the system.
 
+Where TensorFlow turns oneDNN on (by default on CPUs with AVX512-VNNI,
+AVX512-BF16 or AMX; `TF_ENABLE_ONEDNN_OPTS` decides otherwise), its default
+is not `malloc` but oneDNN's own pool; the variable then switches to
+TensorFlow's pool, which trained the CNN recipe as fast on an AMD EPYC Zen 5
+(docs/engine.md has the figures).
+
 It takes effect when set before the process's first CPU tensor: importing
 tfdist before creating any tensor is enough (importing TensorFlow or Keras
 first is fine); a program that created tensors, or built a model, before
-`import tfdist` keeps `malloc`
+`import tfdist` keeps TensorFlow's default
 (`cpu_allocator_in_use()` tells which).
 
 Example:
@@ -88,9 +94,9 @@ def pool_cpu_memory(environ=None):
 
 
 def cpu_allocator_in_use():
-    """"pool" when this process's CPU tensors come from TensorFlow's pooled
-    allocator, "malloc" when from the C library's. Creates a CPU tensor (which
-    fixes the choice for the process).
+    """"pool" when this process's CPU tensors come from a pooled allocator
+    (TensorFlow's, or oneDNN's where oneDNN is on), "malloc" when from the C
+    library's. Creates a CPU tensor (which fixes the choice for the process).
 
     Example:
 
@@ -108,21 +114,33 @@ def cpu_allocator_in_use():
     return "pool"
 
 
-def describe_cpu_allocator(in_use, environ=None):
+def describe_cpu_allocator(in_use, environ=None, onednn=None):
     """One line for `tfdist doctor`: where this process's CPU tensors come from, and why.
 
     Args:
         in_use: `cpu_allocator_in_use()`.
         environ: the environment (default `os.environ`).
+        onednn: whether TensorFlow runs oneDNN in this process (default: ask
+            TensorFlow), which makes oneDNN's pool its default allocator.
 
     Example:
 
     >>> describe_cpu_allocator("pool", {"TF_CPU_ALLOCATOR_USE_BFC": "true",
     ...                                 "TF_CPU_BFC_MEM_LIMIT_IN_MB": "24000"})
     "TensorFlow's pool (TF_CPU_ALLOCATOR_USE_BFC=true), up to 24000 MiB"
+    >>> describe_cpu_allocator("pool", {"TF_CPU_ALLOCATOR_USE_BFC": "false"}, onednn=True)
+    "oneDNN's pool (TensorFlow's default with oneDNN on; TF_CPU_ALLOCATOR_USE_BFC=false)"
     """
     environ = os.environ if environ is None else environ
     value = environ.get(POOL_ENV)
+    if in_use == "pool" and not (value is not None and _tensorflow_reads_true(value)):
+        if onednn is None:
+            from tfdist import seam
+
+            onednn = seam.onednn_enabled()
+        if onednn:
+            return ("oneDNN's pool (TensorFlow's default with oneDNN on"
+                    + (f"; {POOL_ENV}={value})" if value is not None else ")"))
     if in_use == "pool":
         limit = environ.get(POOL_LIMIT_ENV)
         return (f"TensorFlow's pool ({POOL_ENV}={value})"

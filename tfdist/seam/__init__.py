@@ -63,7 +63,7 @@ from tfdist.seam.tf_runtime import (checkpoint_state, configure_coordination_ser
                                     coordination_key_value_store, forget_retracing_counts,
                                     install_exact_bfloat16_bias_gradients,
                                     leave_tfdist_code_unconverted, local_gpu_memory_limits,
-                                    wait_for_peers_at_exit)
+                                    onednn_enabled, wait_for_peers_at_exit)
 
 
 __all__ = [
@@ -116,6 +116,7 @@ __all__ = [
     "multi_worker_strategy_on_local_devices",
     "new_resource_variable",
     "nodes_by_depth",
+    "onednn_enabled",
     "optimizer_iterations_variable",
     "optimizer_trainable_variables",
     "optimizer_weight_decay_method",

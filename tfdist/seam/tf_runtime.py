@@ -215,6 +215,26 @@ def local_gpu_memory_limits():
     return [d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"]
 
 
+def onednn_enabled():
+    """Whether TensorFlow runs its oneDNN CPU kernels in this process, which also
+    makes oneDNN's pooled allocator TensorFlow's default for CPU tensors.
+
+    TensorFlow decides this once per process: `TF_ENABLE_ONEDNN_OPTS` when set,
+    else on where the CPU has AVX512-VNNI, AVX512-BF16 or AMX.
+
+    Private: `tensorflow.python.util._pywrap_util_port.IsMklEnabled` (no public
+    API says whether oneDNN is on; TensorFlow only logs it at import).
+
+    Example:
+
+    >>> onednn_enabled() in (True, False)
+    True
+    """
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def forget_retracing_counts():
     """Forgets how often each `tf.function` was traced, so earlier traces do not count
     towards TensorFlow's "excessive retracing" warning.
