@@ -61,6 +61,12 @@ def test_doctor_reports_versions_build_devices_and_cpu(real_run):
     assert re.search(r"^  Keras +3\.", out, re.MULTILINE), out
     for label in ("CUDA", "cuDNN", "NCCL", "CPU", "model", "flags"):
         assert re.search(rf"^  {label} +\S", out, re.MULTILINE), (label, out)
+    # oneDNN on or off, and why (this machine's CPU decides; the test's environment does not set it).
+    from tfdist import seam
+
+    onednn = seam.onednn_enabled()
+    assert re.search(rf"^  oneDNN +{'on' if onednn else 'off'} \((TensorFlow's default on "
+                     r"|TF_ENABLE_ONEDNN_OPTS=)", out, re.MULTILINE), out
     # The doctor's own process got TensorFlow's pool (import tfdist asks for it).
     assert re.search(r"^  tensor memory +TensorFlow's pool \(TF_CPU_ALLOCATOR_USE_BFC=true\), "
                      r"up to \d+ MiB$", out, re.MULTILINE), out

@@ -32,6 +32,7 @@ import time
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
 from tfdist.runtime.cpu_allocator import cpu_allocator_in_use, describe_cpu_allocator
+from tfdist.runtime.onednn import describe_onednn
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
 
@@ -585,6 +586,7 @@ def main(argv=None):
                                 gpu_details, split)),
         ("CPU", [("model", cpu_model_name()),
                  ("flags", describe_features(flags, from_env=CPU_FLAGS_ENV in os.environ)),
+                 ("oneDNN", describe_onednn()),
                  ("tensor memory", describe_cpu_allocator(cpu_allocator_in_use()))]),
         ("Auto choices", auto_rows(choice, jit_compile, xla_reason, cnn_xla)),
     ]
