@@ -13,6 +13,7 @@ import pytest
 from helpers.paths import REPO_ROOT
 from tfdist.runtime.cpu_allocator import (POOL_ENV, POOL_LIMIT_ENV, describe_cpu_allocator,
                                           machine_memory_mb, pool_cpu_memory)
+from tfdist.runtime.onednn import ONEDNN_ENV
 
 
 def test_an_environment_that_says_nothing_gets_the_pool_up_to_the_machines_memory():
@@ -36,9 +37,6 @@ def test_an_explicit_yes_or_limit_is_kept():
     assert environ == {POOL_ENV: "1", POOL_LIMIT_ENV: "2048"}
     environ = {POOL_ENV: "True"}
     assert pool_cpu_memory(environ) == {POOL_LIMIT_ENV: str(machine_memory_mb())}
-
-
-ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
 def _allocator(code, **env):

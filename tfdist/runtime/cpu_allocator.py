@@ -133,19 +133,20 @@ def describe_cpu_allocator(in_use, environ=None, onednn=None):
     """
     environ = os.environ if environ is None else environ
     value = environ.get(POOL_ENV)
-    if in_use == "pool" and not (value is not None and _tensorflow_reads_true(value)):
-        if onednn is None:
-            from tfdist import seam
-
-            onednn = seam.onednn_enabled()
-        if onednn:
-            return ("oneDNN's pool (TensorFlow's default with oneDNN on"
-                    + (f"; {POOL_ENV}={value})" if value is not None else ")"))
+    asked_for_the_pool = value is not None and _tensorflow_reads_true(value)
     if in_use == "pool":
+        if not asked_for_the_pool:  # then the pool in use is TensorFlow's default
+            if onednn is None:
+                from tfdist import seam
+
+                onednn = seam.onednn_enabled()
+            if onednn:
+                return ("oneDNN's pool (TensorFlow's default with oneDNN on"
+                        + (f"; {POOL_ENV}={value})" if value is not None else ")"))
         limit = environ.get(POOL_LIMIT_ENV)
         return (f"TensorFlow's pool ({POOL_ENV}={value})"
                 + (f", up to {limit} MiB" if limit else ", up to TensorFlow's 64 GiB"))
-    if value is not None and not _tensorflow_reads_true(value):
+    if value is not None and not asked_for_the_pool:
         return (f"malloc ({POOL_ENV}={value} in the environment; unset it for TensorFlow's "
                 "pool, whose steps ran 1.2-1.75x faster where malloc faulted)")
     return (f"malloc: a CPU tensor was made before {POOL_ENV} was set (import tfdist before "
