@@ -591,3 +591,38 @@ def test_validation_sources_read_held_out_splits_unless_told():
     assert make_validation_source("embedded:copy", num_examples=16).split == "validation"
     with tfds.testing.mock_data(num_examples=4):
         assert make_validation_source("tfds_images:cifar10", download=True).split == "test"
+
+
+def test_a_resume_counts_image_records_file_after_file_and_lands_where_the_stream_is(tmp_path):
+    """An ImageNet-style source of 3 files (4, 3 and 3 records), one pipeline
+    sharding by file: a positioned pipeline counts a pass through
+    `read_in_any_order`, which reads the files one after another (cheaper
+    than the pass's parallel interleave) and gives the records `read` gives;
+    positioned inside the first pass and two passes later, the pipeline
+    yields what the whole stream yields there."""
+    images, labels = generate_shapes(10, 16, seed=3)
+    write_image_tfrecords(images, labels, str(tmp_path / "train"), num_files=3,
+                          image_format="png")
+    source = ImageNetTFRecordSource(str(tmp_path / "train-*"), num_classes=len(SHAPE_CLASSES),
+                                    image_size=16, cache_decoded=False)
+    fn = make_dataset_fn(source, 2, seed=4)
+    whole = list(fn(None).take(16))  # 5 batches a pass
+    plan = fn.plans[0]
+    assert plan.mode == FILE and len(plan.files) == 3
+    counted = [record.numpy() for record in source.read_in_any_order(plan)]
+    file_by_file = [record.numpy() for path in plan.files
+                    for record in tf.data.TFRecordDataset(path)]
+    assert counted == file_by_file
+    assert sorted(counted) == sorted(record.numpy() for record in source.read(plan))
+    assert counted != [record.numpy() for record in source.read(plan)]  # read interleaves
+
+    counting_reads = []
+    read_in_any_order = source.read_in_any_order
+    source.read_in_any_order = lambda plan: counting_reads.append(plan) or read_in_any_order(plan)
+    for start in (3, 12):  # 6 examples into the first pass; 2 into the third
+        later = list(fn.positioned(start)(None).take(4))
+        for (their_images, their_labels), (our_images, our_labels) in zip(
+                whole[start:start + 4], later, strict=True):
+            np.testing.assert_array_equal(our_images, their_images)
+            np.testing.assert_array_equal(our_labels, their_labels)
+    assert len(counting_reads) == 2

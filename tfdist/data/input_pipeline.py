@@ -480,7 +480,12 @@ class DatasetFn:
                 return elements(source.read(plan, file_order=order))
 
         start_pass, offset = 0, skip
-        size = _pass_size(unshuffled(tf.constant(0, tf.int64)), skip) if skip else -1
+        size = -1
+        if skip:
+            # Raw records are counted in any order (`read_in_any_order`: file
+            # after file, not interleaved in parallel as the pass reads them).
+            size = _pass_size(source.read_in_any_order(plan) if per_record
+                              else unshuffled(tf.constant(0, tf.int64)), skip)
         if size > 0:
             start_pass, offset = divmod(skip, size)
 

@@ -163,6 +163,26 @@ class Source:
             return self.read_all().shard(plan.count, plan.index)
         raise ValueError(f"Unknown shard mode {plan.mode!r}; expected one of {sharding.MODES}.")
 
+    def read_in_any_order(self, plan):
+        """The raw records of `plan`'s shard, in whichever order reads them fastest: to count them.
+
+        A resumed pipeline counts a pass of records to skip whole passes
+        (`DatasetFn.positioned`); the count does not depend on the order.
+        `read` interleaves a file-sharded shard's files in parallel (about
+        5 us a record on 2 cores: 1.4 s to find that a pass holds 320,000
+        ImageNet records), while one file after another costs about 0.6 us.
+        A source with a `read` of its own gets `read(plan)`.
+
+        Example:
+
+        >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
+        320000
+        """
+        inherited = type(self).read is Source.read
+        if inherited and plan.mode == sharding.FILE and len(plan.files) > 1:
+            return tf.data.Dataset.from_tensor_slices(list(plan.files)).flat_map(self.read_file)
+        return self.read(plan)
+
     def examples_in_memory(self, plan):
         """The decoded examples of `plan`'s shard, stacked (a leading example axis), or None.
 
