@@ -327,6 +327,30 @@ def test_positioning_skips_whole_passes_without_reading_them(unknown_size):
     assert first == take(fn(None), 202)[201:]
 
 
+def test_token_records_are_counted_file_after_file_with_the_records_read_gives(id_files):
+    """What a positioned pipeline counts (`read_in_any_order`): the records of
+    the 5 files one after another, not interleaved as `read` gives them, and
+    the same records; packed, in the same blocks as `read`."""
+    source, ids = make_id_source("five_files", id_files)
+    plan = plan_sharding(source.num_files, 1, 0, files=source.files)
+    assert plan.mode == FILE
+    counted = [ids_of([record]) for record in
+               source.read_in_any_order(plan).map(source.decode).map(lambda t: t[:2])]
+    file_by_file = [ids_of([record]) for path in plan.files
+                    for record in tf.data.TFRecordDataset(path).map(source.decode)
+                    .map(lambda t: t[:2])]
+    assert counted == file_by_file
+    read = [ids_of([record]) for record in source.read(plan).map(source.decode)
+            .map(lambda t: t[:2])]
+    assert sorted(counted) == sorted(read) == [[i] for i in ids] and counted != read
+    packed = TFRecordSource(str(id_files / "many-*.tfrecord"), sequence_length=3,
+                            vocab_size=VOCAB, pack=True)
+    blocks = list(packed.read_in_any_order(plan))  # blocks of up to 256 records, as read gives
+    assert [len(block) for block in blocks] == [len(block) for block in packed.read(plan)] == [37]
+    assert [record for block in blocks for record in block.numpy()] == [
+        record.numpy() for path in plan.files for record in tf.data.TFRecordDataset(path)]
+
+
 @pytest.mark.parametrize("pipelines", [1, 2])
 def test_a_positioned_pipeline_over_many_files_reads_them_in_a_new_order_every_pass(
         id_files, pipelines):

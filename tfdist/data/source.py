@@ -178,10 +178,15 @@ class Source:
         >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
         320000
         """
-        inherited = type(self).read is Source.read
-        if inherited and plan.mode == sharding.FILE and len(plan.files) > 1:
-            return tf.data.Dataset.from_tensor_slices(list(plan.files)).flat_map(self.read_file)
+        if type(self).read is Source.read:
+            return self._read_files_in_sequence(plan)
         return self.read(plan)
+
+    def _read_files_in_sequence(self, plan):
+        """The records `Source.read(plan)` gives, a file-sharded shard's files one after another."""
+        if plan.mode == sharding.FILE and len(plan.files) > 1:
+            return tf.data.Dataset.from_tensor_slices(list(plan.files)).flat_map(self.read_file)
+        return Source.read(self, plan)
 
     def examples_in_memory(self, plan):
         """The decoded examples of `plan`'s shard, stacked (a leading example axis), or None.

@@ -154,6 +154,18 @@ class TFRecordSource(TFRecordReading, SequenceSource):
                                file_order=file_order)
         return records.batch(RECORDS_PER_BLOCK) if self.pack else records
 
+    def read_in_any_order(self, plan):
+        """What `read(plan)` gives, the files one after another: to count them
+        (see `Source.read_in_any_order`).
+
+        Example:
+
+        >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
+        320000
+        """
+        records = self._read_files_in_sequence(plan)
+        return records.batch(RECORDS_PER_BLOCK) if self.pack else records
+
     def _ids(self, record):
         if self.format == "raw":
             text = record
