@@ -150,9 +150,8 @@ class TFRecordSource(TFRecordReading, SequenceSource):
 
         >>> blocks = source.read(plan_sharding(source.num_files, 1, 0, files=source.files))
         """
-        records = super().read(plan, shuffle_files=shuffle_files, seed=seed,
-                               file_order=file_order)
-        return records.batch(RECORDS_PER_BLOCK) if self.pack else records
+        return self._in_blocks_when_packed(super().read(plan, shuffle_files=shuffle_files,
+                                                        seed=seed, file_order=file_order))
 
     def read_in_any_order(self, plan):
         """What `read(plan)` gives, the files one after another: to count them
@@ -163,7 +162,10 @@ class TFRecordSource(TFRecordReading, SequenceSource):
         >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
         320000
         """
-        records = self._read_files_in_sequence(plan)
+        return self._in_blocks_when_packed(self._read_files_in_sequence(plan))
+
+    def _in_blocks_when_packed(self, records):
+        """Packed: `records` in blocks of `RECORDS_PER_BLOCK`, as `decode` takes them."""
         return records.batch(RECORDS_PER_BLOCK) if self.pack else records
 
     def _ids(self, record):
