@@ -84,6 +84,21 @@ def test_byte_vocabulary_round_trip_and_built_vocabulary():
     assert built.decode([7, 4]) == b"c?"
 
 
+
+def test_a_batch_of_texts_encodes_as_each_text_does():
+    """Texts of 0 to 30 bytes, some of 2-byte characters, and bytes outside a
+    built vocabulary: the batch gives each text's ids in its own row (int64
+    row splits), and a batch of no text gives no row."""
+    rng = np.random.default_rng(2)
+    words = ["alpha", "é", "tau", "ü ü", ""]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 8)))) for _ in range(40)] + [""]
+    for vocab in (ByteVocabulary(), ByteVocabulary.from_texts(["alpha tau"])):
+        batch = vocab.encode_batch(tf.constant(texts))
+        assert batch.row_splits.dtype == tf.int64
+        for text, row in zip(texts, batch.to_list(), strict=True):
+            assert row == vocab.encode(tf.constant(text)).numpy().tolist()
+        assert vocab.encode_batch(tf.constant([], tf.string)).to_list() == []
+
 # --- TFRecord -------------------------------------------------------------------------------
 
 def test_token_tfrecords_round_trip(tmp_path):

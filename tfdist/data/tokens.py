@@ -139,9 +139,11 @@ class ByteVocabulary:
         >>> ByteVocabulary().encode_batch(tf.constant(["A", "hi"])).to_list()
         [[69], [108, 109]]
         """
-        chars = tf.strings.bytes_split(texts)
-        raw = tf.reshape(tf.io.decode_raw(chars.flat_values, tf.uint8), [-1])
-        return chars.with_flat_values(tf.gather(tf.constant(self._table), tf.cast(raw, tf.int32)))
+        # All the bytes at once, cut back into texts by their lengths (no string per byte).
+        raw = tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(texts), tf.uint8), [-1])
+        ids = tf.gather(tf.constant(self._table), tf.cast(raw, tf.int32))
+        lengths = tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64)
+        return tf.RaggedTensor.from_row_lengths(ids, lengths, validate=False)
 
     def decode(self, ids):
         """Returns the bytes of token ids, skipping reserved ids (`<unk>` -> `?`).
