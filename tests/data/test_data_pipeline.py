@@ -3,6 +3,7 @@
 import collections
 import logging
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -560,3 +561,91 @@ def test_only_a_seeded_repeated_training_pipeline_can_be_positioned(id_files):
 class ReadsFilesItsOwnWay(TFRecordSource):
     def read(self, plan, *, shuffle_files=False, seed=None):
         return super().read(plan, shuffle_files=shuffle_files, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def eleven_files(tmp_path_factory):
+    """60 examples over 11 TFRecord files (6 or 5 each): more files than `read` opens at once."""
+    directory = tmp_path_factory.mktemp("eleven")
+    write_token_tfrecords(id_rows(range(60)), str(directory / "ids"), num_files=11)
+    return directory
+
+
+def test_read_in_sequence_gives_what_read_gives_in_the_same_order(eleven_files):
+    """11 files of 6 or 5 records, 8 open at once: in a shuffled file order,
+    `read_in_sequence` (no parallel reads) gives record for record what `read`
+    gives, unpacked, and packed in the same blocks; the order is not file
+    after file."""
+    plan = plan_sharding(11, 1, 0, files=sorted(tf.io.gfile.glob(str(eleven_files / "ids-*"))))
+    order = tf.random.experimental.stateless_shuffle(tf.range(11), seed=[3, 1])
+    for pack in (False, True):
+        source = TFRecordSource(str(eleven_files / "ids-*"), sequence_length=3,
+                                vocab_size=VOCAB, pack=pack)
+        read = [element.numpy() for element in source.read(plan, file_order=order)]
+        in_sequence = [element.numpy() for element in source.read_in_sequence(plan, order)]
+        assert len(read) == (1 if pack else 60)
+        for theirs, ours in zip(read, in_sequence, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+    unpacked = TFRecordSource(str(eleven_files / "ids-*"), sequence_length=3, vocab_size=VOCAB)
+    file_after_file = [record.numpy() for index in order.numpy()
+                       for record in tf.data.TFRecordDataset(plan.files[index])]
+    in_order = [record.numpy() for record in unpacked.read_in_sequence(plan, order)]
+    assert sorted(in_order) == sorted(file_after_file) and in_order != file_after_file
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_pipeline_resumed_inside_a_pass_reads_that_pass_in_sequence_and_lands_where_the_stream_is(
+        eleven_files, pack, monkeypatch):
+    """Token records in 11 files, with a global seed set (a shuffle's seed
+    then depends on where it is built): resumed inside the first pass and
+    inside the third, the pipeline gives what the whole stream gives there.
+    The pass it resumes inside is read without parallel reads
+    (`read_in_sequence`, with that pass's file order); packed, the count of a
+    pass is read that way too."""
+    keras.utils.set_random_seed(7)
+    source = TFRecordSource(str(eleven_files / "ids-*"), sequence_length=3, vocab_size=VOCAB,
+                            pack=pack)
+    fn = make_dataset_fn(source, 4, seed=5, shuffle_buffer=8)
+    whole = [batch for batch in fn(None).take(60)]
+    per_pass = len(list(source.to_unfinished_examples(
+        source.read(fn.plans[0]).map(source.decode))))  # 60 unpacked; fewer windows packed
+    reads = []
+    read_in_sequence = source.read_in_sequence
+    monkeypatch.setattr(source, "read_in_sequence", lambda plan, file_order=None: (
+        reads.append(file_order is not None) or read_in_sequence(plan, file_order)))
+    for start in (3, (2 * per_pass + 6) // 4):
+        del reads[:]
+        later = list(fn.positioned(start)(None).take(5))
+        for (their_inputs, their_targets), (our_inputs, our_targets) in zip(
+                whole[start:start + 5], later, strict=True):
+            np.testing.assert_array_equal(our_inputs, their_inputs)
+            np.testing.assert_array_equal(our_targets, their_targets)
+        assert reads == ([True, True] if pack else [True])
+
+
+class RemoteIds(Source):
+    """Three files at `gs://` paths, served from memory: 7, 8 and 9 ids."""
+
+    files = tuple(f"gs://bucket/ids-{index}" for index in range(3))
+
+    def read_file(self, path):
+        index = tf.strings.to_number(tf.strings.split(path, "-")[-1], tf.int64)
+        return tf.data.Dataset.range(index * 100, index * 100 + 7 + index)
+
+    def decode(self, record):
+        return record, record
+
+
+def test_files_in_a_remote_store_are_read_in_parallel_when_a_pipeline_resumes(monkeypatch):
+    """Files at `gs://` paths: a pipeline resumed inside a pass reads them as a
+    pass does (in parallel: sequential reads wait on the store a request at a
+    time) and lands where the whole stream is."""
+    source = RemoteIds()
+    fn = make_dataset_fn(source, 3, seed=2, shuffle_buffer=5)
+    whole = [inputs.numpy().tolist() for inputs, _ in fn(None).take(20)]
+    reads = []
+    monkeypatch.setattr(source, "read_in_sequence",
+                        lambda plan, file_order=None: reads.append(plan) or pytest.fail(
+                            "read in sequence"))
+    later = [inputs.numpy().tolist() for inputs, _ in fn.positioned(11)(None).take(6)]
+    assert later == whole[11:17] and reads == []

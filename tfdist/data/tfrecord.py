@@ -164,6 +164,17 @@ class TFRecordSource(TFRecordReading, SequenceSource):
         """
         return self._in_blocks_when_packed(self._read_files_in_sequence(plan))
 
+    def read_in_sequence(self, plan, file_order=None):
+        """What `read(plan, file_order=file_order)` gives, read without parallel
+        reads (see `Source.read_in_sequence`).
+
+        Example:
+
+        >>> skipped = source.read_in_sequence(plan).take(300_000)
+        """
+        return self._in_blocks_when_packed(
+            self._read_records(plan, file_order=file_order, parallel=False))
+
     def _in_blocks_when_packed(self, records):
         """Packed: `records` in blocks of `RECORDS_PER_BLOCK`, as `decode` takes them."""
         return records.batch(RECORDS_PER_BLOCK) if self.pack else records
