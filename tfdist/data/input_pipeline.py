@@ -110,6 +110,23 @@ def _pass_size(examples, skip):
     return counted if 0 < counted < skip else -1
 
 
+def _windows_in_pass(source, records, skip):
+    """The windows a packed pass of `records` gives, counted from its tokens
+    (`source.tokens_in`, without packing them): as `_pass_size`, -1 once
+    they pass `skip` (read no further) or when not counted eagerly."""
+    if not tf.executing_eagerly():
+        return -1
+    window = source.sequence_length + 1
+    tokens = 0
+    counts = records.map(_whole_element(source.tokens_in), num_parallel_calls=tf.data.AUTOTUNE)
+    for chunk in counts.batch(_COUNT_CHUNK).as_numpy_iterator():
+        tokens += int(chunk.sum())
+        if tokens > skip * window:
+            return -1
+    windows = -(-tokens // window)
+    return windows if 0 < windows < skip else -1
+
+
 def _first_in_pass(pass_index, start_pass, offset):
     """Where pass `pass_index` starts: `offset` in the first pass of a resumed stream, else 0."""
     return tf.where(pass_index == start_pass, tf.constant(offset, tf.int64), 0)
@@ -506,18 +523,19 @@ class DatasetFn:
                                         order.enumerate(start=skipped)))
 
         # Where the stream starts: whole passes are skipped by counting one,
-        # read without parallel reads (raw records in any order, file after
-        # file; other elements in the order a pass has them).
+        # read without parallel reads: raw records and packed windows (from
+        # their tokens) in any order, file after file; other elements in the
+        # order a pass has them.
         in_sequence = several_orders and _on_local_disk(plan)
         size = -1
-        if skip:
-            if per_record:
-                counted = source.read_in_any_order(plan)
-            elif in_sequence:
-                counted = elements(source.read_in_sequence(
-                    plan, file_order=file_order(tf.constant(0, tf.int64))))
-            else:
-                counted = unshuffled(tf.constant(0, tf.int64))
+        if skip and per_record:
+            size = _pass_size(source.read_in_any_order(plan), skip)
+        elif skip and not caches and getattr(source, "windows_follow_from_tokens", False):
+            size = _windows_in_pass(source, source.read_in_any_order(plan), skip)
+        elif skip:
+            counted = (elements(source.read_in_sequence(
+                plan, file_order=file_order(tf.constant(0, tf.int64)))) if in_sequence
+                else unshuffled(tf.constant(0, tf.int64)))
             size = _pass_size(counted, skip)
         start_pass, offset = divmod(skip, size) if size > 0 else (0, skip)
 

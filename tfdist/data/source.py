@@ -327,6 +327,35 @@ class SequenceSource(Source):
         return dataset.map(lambda tokens: pad_or_truncate(tokens, window),
                            num_parallel_calls=tf.data.AUTOTUNE)
 
+    @property
+    def windows_follow_from_tokens(self):
+        """Whether a pass's windows number `ceil(tokens / (sequence_length + 1))`:
+        packed by this class's `to_windows`, so a pass is counted from its
+        tokens (`tokens_in`) without packing them.
+
+        Example:
+
+        >>> make_source("text:/data/*.txt", sequence_length=64).windows_follow_from_tokens
+        True
+        """
+        own = type(self)
+        return bool(self.pack) and all(
+            getattr(own, name) is getattr(SequenceSource, name)
+            for name in ("to_windows", "to_examples", "to_unfinished_examples"))
+
+    def tokens_in(self, record):
+        """How many tokens `decode(record)` gives, an int64 scalar. This decodes;
+        a source that knows the number from the record's length overrides it.
+
+        Example:
+
+        >>> int(source.tokens_in(next(iter(source.read(plan)))))
+        4160
+        """
+        ids = self.decode(record)
+        values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        return tf.size(values, out_type=tf.int64)
+
     def to_examples(self, dataset):
         """Turns a dataset of token vectors into `(inputs, targets)` examples."""
         return self.to_windows(dataset).map(self.finish_example,

@@ -86,6 +86,16 @@ class TextSource(SequenceSource):
     def decode(self, record):
         return self.vocabulary.encode_batch(record + "\n")
 
+    def tokens_in(self, record):
+        """A token a byte of each line and its newline, without encoding them.
+
+        Example:
+
+        >>> int(source.tokens_in(tf.constant(["ab", "c"])))
+        5
+        """
+        return self.vocabulary.count_batch(record) + tf.size(record, out_type=tf.int64)
+
     def describe(self):
         return (f"TextSource({len(self.files)} file(s), {self.vocabulary!r}, "
                 f"sequence_length={self.sequence_length}, pack={self.pack})")

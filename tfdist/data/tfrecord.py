@@ -195,16 +195,39 @@ class TFRecordSource(TFRecordReading, SequenceSource):
     def _block_ids(self, records):
         """The token ids of a 1-D block of records, as a ragged `[records, None]` int32."""
         if self.format == "tokens":
-            parsed = tf.io.parse_example(records, {self.feature: tf.io.VarLenFeature(tf.int64)})
-            return tf.cast(tf.RaggedTensor.from_sparse(parsed[self.feature]), tf.int32)
-        if self.format == "text":
-            texts = tf.io.parse_example(
-                records, {self.feature: tf.io.FixedLenFeature([], tf.string)})[self.feature]
-        else:
-            texts = records
+            return tf.cast(tf.RaggedTensor.from_sparse(self._block_token_ids(records)), tf.int32)
+        texts = self._block_texts(records)
         ends = tf.ones([tf.shape(texts)[0], 1], tf.int32)
         return tf.concat([ends * BOS_ID, self.vocabulary.encode_batch(texts), ends * EOS_ID],
                          axis=1)
+
+    def _block_token_ids(self, records):
+        return tf.io.parse_example(records, {self.feature: tf.io.VarLenFeature(tf.int64)})[
+            self.feature]
+
+    def _block_texts(self, records):
+        if self.format == "text":
+            return tf.io.parse_example(
+                records, {self.feature: tf.io.FixedLenFeature([], tf.string)})[self.feature]
+        return records
+
+    def tokens_in(self, record):
+        """How many tokens `decode(record)` gives; for a block of texts in bytes, BOS
+        and EOS around a token a byte, without encoding them.
+
+        Example:
+
+        >>> int(source.tokens_in(next(iter(source.read(plan)))))
+        3584
+        """
+        if not self.pack:
+            return super().tokens_in(record)
+        if self.format == "tokens":
+            return tf.size(self._block_token_ids(record).values, out_type=tf.int64)
+        if not isinstance(self.vocabulary, ByteVocabulary):
+            return super().tokens_in(record)
+        texts = self._block_texts(record)
+        return self.vocabulary.count_batch(texts) + 2 * tf.size(texts, out_type=tf.int64)
 
     def decode(self, record):
         """One record's token ids; packed, a block's as a ragged `[records, None]` int32.

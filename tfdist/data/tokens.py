@@ -145,6 +145,17 @@ class ByteVocabulary:
         lengths = tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64)
         return tf.RaggedTensor.from_row_lengths(ids, lengths, validate=False)
 
+    def count_batch(self, texts):
+        """The number of ids `encode_batch(texts)` gives (one a byte), an int64 scalar,
+        without encoding them.
+
+        Example:
+
+        >>> int(ByteVocabulary().count_batch(tf.constant(["A", "hé"])))
+        4
+        """
+        return tf.reduce_sum(tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64))
+
     def decode(self, ids):
         """Returns the bytes of token ids, skipping reserved ids (`<unk>` -> `?`).
 
