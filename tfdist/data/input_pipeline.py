@@ -545,6 +545,7 @@ class DatasetFn:
 
         if not (offset and in_sequence):
             return tf.data.Dataset.range(start_pass, _ENDLESS).flat_map(one_pass)
+
         def first_pass(pass_index):
             records = source.read_in_sequence(plan, file_order=file_order(pass_index))
             return shuffled(pass_index, elements(records), offset)
