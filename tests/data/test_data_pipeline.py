@@ -698,3 +698,15 @@ def test_a_packed_pass_is_counted_from_its_tokens_as_packing_cuts_it(tmp_path):
         for (their_inputs, _), (our_inputs, _) in zip(whole, later, strict=True):
             np.testing.assert_array_equal(our_inputs, their_inputs)
     assert not ArraySource.from_token_rows([[4, 5, 6]] * 8, 10).windows_follow_from_tokens
+
+
+@pytest.mark.parametrize("size", [0, 1, 1023, 1024, 1025, 3 * 1024 + 7])
+def test_a_pass_of_strings_or_ragged_elements_is_counted_without_batching_them(size):
+    """Counted as every 1,024th element and the ones after the last of them:
+    exact on either side of a chunk, for strings and for elements of
+    varying shape (which cannot be batched)."""
+    from tfdist.data import input_pipeline
+    strings = tf.data.Dataset.range(size).map(tf.strings.as_string)
+    varying = tf.data.Dataset.range(size).map(lambda index: tf.range(index % 5))
+    assert input_pipeline._count_without_copies(strings) == size
+    assert input_pipeline._count_without_copies(varying) == size
