@@ -146,8 +146,21 @@ class Source:
         >>> plan = sharding.plan_sharding(source.num_files, 2, 0, files=source.files)
         >>> records = source.read(plan)
         """
-        return self._read_records(plan, shuffle_files=shuffle_files, seed=seed,
-                                  file_order=file_order)
+        return self.grouped(self._read_records(plan, shuffle_files=shuffle_files, seed=seed,
+                                               file_order=file_order))
+
+    def grouped(self, records):
+        """The records every read of the base class hands on (`read`,
+        `read_in_any_order`, `read_in_sequence`): `records` as they are. A
+        source whose `decode` takes a block of records at once overrides it
+        (packed `TFRecordSource`: blocks of `RECORDS_PER_BLOCK`).
+
+        Example:
+
+        >>> source.grouped(tf.data.Dataset.range(3)).cardinality().numpy()
+        3
+        """
+        return records
 
     def _read_records(self, plan, *, shuffle_files=False, seed=None, file_order=None,
                       parallel=True):
@@ -184,15 +197,12 @@ class Source:
         >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
         320000
         """
-        if type(self).read is Source.read:
-            return self._read_files_in_sequence(plan)
-        return self.read(plan)
-
-    def _read_files_in_sequence(self, plan):
-        """The records `Source.read(plan)` gives, a file-sharded shard's files one after another."""
+        if type(self).read is not Source.read:
+            return self.read(plan)
         if plan.mode == sharding.FILE and len(plan.files) > 1:
-            return tf.data.Dataset.from_tensor_slices(list(plan.files)).flat_map(self.read_file)
-        return Source.read(self, plan)
+            files = tf.data.Dataset.from_tensor_slices(list(plan.files))
+            return self.grouped(files.flat_map(self.read_file))
+        return self.read(plan)
 
     def _read_each(self, paths, num_files, *, parallel=True):
         """The records of the files `paths` gives, interleaved as `read` does: in
@@ -216,7 +226,7 @@ class Source:
         """
         if type(self).read is not Source.read:
             return self.read(plan) if file_order is None else self.read(plan, file_order=file_order)
-        return self._read_records(plan, file_order=file_order, parallel=False)
+        return self.grouped(self._read_records(plan, file_order=file_order, parallel=False))
 
     def examples_in_memory(self, plan):
         """The decoded examples of `plan`'s shard, stacked (a leading example axis), or None.

@@ -143,40 +143,14 @@ class TFRecordSource(TFRecordReading, SequenceSource):
         if self.skipped is None:  # when skipping, reading notes a file cut short
             check_tfrecord_tails(self.files, self.compression_type)
 
-    def read(self, plan, *, shuffle_files=False, seed=None, file_order=None):
-        """The shard's records; packed, in blocks of `RECORDS_PER_BLOCK` (see `decode`).
+    def grouped(self, records):
+        """Packed: `records` in blocks of `RECORDS_PER_BLOCK`, as `decode` takes
+        them (every read goes through it: see `Source.grouped`).
 
         Example:
 
         >>> blocks = source.read(plan_sharding(source.num_files, 1, 0, files=source.files))
         """
-        return self._in_blocks_when_packed(super().read(plan, shuffle_files=shuffle_files,
-                                                        seed=seed, file_order=file_order))
-
-    def read_in_any_order(self, plan):
-        """What `read(plan)` gives, the files one after another: to count them
-        (see `Source.read_in_any_order`).
-
-        Example:
-
-        >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
-        320000
-        """
-        return self._in_blocks_when_packed(self._read_files_in_sequence(plan))
-
-    def read_in_sequence(self, plan, file_order=None):
-        """What `read(plan, file_order=file_order)` gives, read without parallel
-        reads (see `Source.read_in_sequence`).
-
-        Example:
-
-        >>> skipped = source.read_in_sequence(plan).take(300_000)
-        """
-        return self._in_blocks_when_packed(
-            self._read_records(plan, file_order=file_order, parallel=False))
-
-    def _in_blocks_when_packed(self, records):
-        """Packed: `records` in blocks of `RECORDS_PER_BLOCK`, as `decode` takes them."""
         return records.batch(RECORDS_PER_BLOCK) if self.pack else records
 
     def _ids(self, record):

@@ -142,8 +142,7 @@ class ByteVocabulary:
         # All the bytes at once, cut back into texts by their lengths (no string per byte).
         raw = tf.reshape(tf.io.decode_raw(tf.strings.reduce_join(texts), tf.uint8), [-1])
         ids = tf.gather(tf.constant(self._table), tf.cast(raw, tf.int32))
-        lengths = tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64)
-        return tf.RaggedTensor.from_row_lengths(ids, lengths, validate=False)
+        return tf.RaggedTensor.from_row_lengths(ids, _byte_lengths(texts), validate=False)
 
     def count_batch(self, texts):
         """The number of ids `encode_batch(texts)` gives (one a byte), an int64 scalar,
@@ -154,7 +153,7 @@ class ByteVocabulary:
         >>> int(ByteVocabulary().count_batch(tf.constant(["A", "hé"])))
         4
         """
-        return tf.reduce_sum(tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64))
+        return tf.reduce_sum(_byte_lengths(texts))
 
     def decode(self, ids):
         """Returns the bytes of token ids, skipping reserved ids (`<unk>` -> `?`).
@@ -178,6 +177,11 @@ class ByteVocabulary:
     def __repr__(self):
         kind = "all bytes" if self.unk_id is None else f"{len(self.byte_values)} bytes + <unk>"
         return f"ByteVocabulary({kind}, vocab_size={self.vocab_size})"
+
+
+def _byte_lengths(texts):
+    """The byte length of each string of `texts` (one id a byte), int64."""
+    return tf.cast(tf.strings.length(texts, unit="BYTE"), tf.int64)
 
 
 def pad_or_truncate(tokens, length):
