@@ -242,6 +242,55 @@ def test_slurm_resolver_reaches_the_strategy_factory():
     assert "cluster_resolver='slurm' needs to run inside a SLURM job step (srun)" in result.stdout
 
 
+@pytest.mark.parametrize("argv, steps_per_epoch, warmup, reason", [
+    # The default 30 against 20 steps: a tenth of the run.
+    ([], 20, 2, "the recipe's default 30, cut to fit this 20-step run"),
+    # It ends before a 300-step run: kept.
+    ([], 300, 30, None),
+    # 4 micro-batches a step: 40 batches are 10 optimizer steps.
+    (["--grad-accum-steps", "4"], 40, 1, "the recipe's default 30, cut to fit this 10-step run"),
+    # Fewer than 10 steps: no warmup.
+    ([], 9, 0, "the recipe's default 30, cut to fit this 9-step run"),
+    # `step` needs 4 steps after the warmup: 30 of 33 would leave 3.
+    (["--schedule", "step"], 33, 3, "the recipe's default 30, cut to fit this 33-step run"),
+    (["--schedule", "step"], 34, 30, None),
+])
+def test_the_recipes_default_warmup_is_cut_to_fit_a_shorter_run(argv, steps_per_epoch, warmup,
+                                                                 reason):
+    from tfdist.recipes.preflight import (check_warmup, describe_warmup, fit_default_warmup,
+                                          warmup_reason)
+    from tfdist.recipes.transformer import RECIPE
+
+    config = parse_config(["--epochs", "1", *argv], RECIPE.all_options(), prog="test")  # 30
+    fit_default_warmup(config, steps_per_epoch)
+    assert (config.warmup_steps, warmup_reason(config)) == (warmup, reason)
+    check_warmup(config, steps_per_epoch)  # what is left passes
+    assert describe_warmup(config) == f"{warmup} warmup steps" + (f" ({reason})" if reason else "")
+
+
+def test_a_warmup_the_user_set_is_never_cut_and_a_shorter_run_cuts_the_default_again(tmp_path):
+    from tfdist.recipes.preflight import check_warmup, fit_default_warmup, warmup_reason
+    from tfdist.recipes.transformer import RECIPE
+
+    path = tmp_path / "warmup.yaml"
+    path.write_text("warmup_steps: 30\n")
+    for argv in (["--warmup-steps", "30"], ["--config", str(path)]):
+        config = parse_config(["--epochs", "1", *argv], RECIPE.all_options(), prog="test")
+        fit_default_warmup(config, 20)
+        assert (config.warmup_steps, warmup_reason(config)) == (30, None)
+        with pytest.raises(ConfigError, match=r"--warmup-steps 30 is not shorter than the run, "
+                                              r"which has 20 optimizer step\(s\)"):
+            check_warmup(config, 20)
+    config = parse_config(["--epochs", "1"], RECIPE.all_options(), prog="test")
+    fit_default_warmup(config, 200)  # before TensorFlow: the run's length from the data's size
+    fit_default_warmup(config, 20)  # the data read: shorter
+    assert (config.warmup_steps, warmup_reason(config)) == (
+        2, "the recipe's default 30, cut to fit this 20-step run")
+    with pytest.raises(ConfigError, match=r"Use --warmup-steps 0 \(no warmup\), or a longer run"):
+        check_warmup(parse_config(["--epochs", "1", "--warmup-steps", "5"], RECIPE.all_options(),
+                                  prog="test"), 3)
+
+
 REFUSED_BEFORE_TENSORFLOW = """
 import sys
 from tfdist.recipes import {recipe} as recipe

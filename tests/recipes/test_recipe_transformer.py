@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from helpers.damage_util import damage_payload
 from helpers.mw import REPO_ROOT, launch
@@ -77,7 +78,8 @@ def test_flags_are_checked_without_importing_tensorflow():
              "assert transformer.main(['--epochs', '0']) == 2; "
              "assert transformer.main(['--strategy', 'mirorred']) == 2; "
              "assert transformer.main(['--precision', 'fp8']) == 2; "
-             "assert transformer.main(['--epochs', '1', '--steps-per-epoch', '10']) == 2; "
+             "assert transformer.main(['--epochs', '1', '--steps-per-epoch', '10', "
+             "'--warmup-steps', '30']) == 2; "
              "assert cnn.main(['--warmup-steps', '200']) == 2; "
              "assert cnn.main(['--schedule', 'step', '--epochs', '1', '--steps-per-epoch', '10', "
              "'--warmup-steps', '8']) == 2; "
@@ -90,8 +92,9 @@ def test_flags_are_checked_without_importing_tensorflow():
     errors = result.stderr
     assert "Unknown strategy 'mirorred'. Valid names: auto, default" in errors
     assert "Unknown precision 'fp8'" in errors
-    # The recipe's default 30 warmup steps against a 10-step run, and the CNN's
-    # embedded 4096 examples / 128 = 32 steps x 4 epochs against 200 warmup steps.
+    # 30 warmup steps set against a 10-step run (the recipe's default would be
+    # cut to fit), and the CNN's embedded 4096 examples / 128 = 32 steps x 4
+    # epochs against 200 warmup steps.
     assert "--warmup-steps 30 is not shorter than the run, which has 10 optimizer step(s)" in errors
     assert "--warmup-steps 200 is not shorter than the run, which has 128 optimizer step(s)" in errors
     assert ("--schedule step needs at least 4 optimizer steps after the warmup (--warmup-steps "
@@ -380,15 +383,22 @@ def test_skip_corrupt_records_without_tfrecord_data_exits_2_before_tensorflow():
     assert "'embedded:reverse'" in result.stdout
 
 
-def test_an_epoch_longer_than_the_data_says_how_many_passes_it_repeats(tmp_path):
-    """--steps-per-epoch beyond one pass repeats the data inside the epoch: said once."""
+def test_a_short_run_says_how_many_passes_it_repeats_and_how_it_cut_the_default_warmup(
+        tmp_path):
+    """--steps-per-epoch beyond one pass repeats the data inside the epoch: said
+    once. The recipe's default warmup (30 steps), not shorter than this 10-step
+    run, is cut to a tenth of it, and the header says so."""
     paths = write_token_tfrecords([[1] + [4 + j % 16 for j in range(31)] + [3]] * 40,
                                   str(tmp_path / "tok"), num_files=1)
     args = ["--dataset", f"tfrecord:{paths[0]}", "--sequence-length", "32", "--steps-per-epoch",
-            "10", "--epochs", "1", "--warmup-steps", "0", "--global-batch-size", "16",
-            "--verbose", "2"]
+            "10", "--epochs", "1", "--global-batch-size", "16", "--verbose", "2",
+            "--model-dir", str(tmp_path / "run")]
     result = run_recipe("transformer", args, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
+    reason = "the recipe's default 30, cut to fit this 10-step run"
+    assert f"cosine schedule, 1 warmup steps ({reason})" in result.stdout, result.stdout[-3000:]
+    record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (record["options"]["warmup_steps"], record["resolved"]["warmup_steps"]) == (1, reason)
     said = [line for line in result.stdout.splitlines() if "passes over the" in line]
     assert len(said) == 1, result.stdout[-3000:]
     assert "--steps-per-epoch 10 x global batch 16 = 160 examples per epoch, 4" in said[0]

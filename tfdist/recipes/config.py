@@ -194,7 +194,8 @@ COMMON_OPTIONS = [
     Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES,
            changes_step_speed=False),
     Option("warmup_steps", int, 0,
-           "Linear warmup steps; more than the run's optimizer steps is an error.", minimum=0,
+           "Linear warmup steps; not shorter than the run's optimizer steps is an error (the "
+           "recipe's default is cut to fit a shorter run, and the header says so).", minimum=0,
            changes_step_speed=False),
     Option("weight_decay", float, 0.0, "Decoupled weight decay (adamw, lion, lamb, sgd).", minimum=0.0),
     Option("adam_beta1", float, None,

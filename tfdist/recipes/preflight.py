@@ -93,6 +93,7 @@ def check_before_tensorflow(recipe, config):
         if examples is not None:
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
+        fit_default_warmup(config, steps_per_epoch)
         check_warmup(config, steps_per_epoch)
 
 
@@ -307,6 +308,71 @@ def check_skip_corrupt_records(config):
         "records to skip. Drop the flag.")
 
 
+def fit_default_warmup(config, steps_per_epoch):
+    """Cuts the recipe's default warmup to a tenth of a run it would not end
+    before (and to what a schedule shaped by the run needs after it), and
+    says so in `config.warmup_cut` (`warmup_reason`). A warmup the user set
+    (flag or `--config` file) is left as it is, for `check_warmup` to
+    refuse. Called again with a shorter run, it cuts the default again.
+
+    Example:
+
+    >>> config = argparse.Namespace(warmup_steps=30, epochs=1, grad_accum_steps=1,
+    ...                             schedule="cosine", explicit=set())
+    >>> fit_default_warmup(config, 20)
+    >>> config.warmup_steps, warmup_reason(config)
+    (2, "the recipe's default 30, cut to fit this 20-step run")
+    """
+    if "warmup_steps" in getattr(config, "explicit", ()):
+        return
+    cut = getattr(config, "warmup_cut", None)
+    default = cut[0] if cut else config.warmup_steps
+    if not default:
+        return
+    total = optimizer_steps(config, steps_per_epoch)
+    longest = total - 1
+    if getattr(config, "schedule", None) in SCHEDULES_SHAPED_BY_THE_RUN:
+        longest = total - MIN_STEPS_AFTER_WARMUP
+    if default <= longest:
+        return
+    config.warmup_steps = max(min(total // 10, longest), 0)
+    config.warmup_cut = (default, total)
+
+
+def warmup_reason(config):
+    """Why the warmup is not the recipe's default (`fit_default_warmup`), or None.
+
+    Example:
+
+    >>> warmup_reason(argparse.Namespace(warmup_steps=2, warmup_cut=(30, 20)))
+    "the recipe's default 30, cut to fit this 20-step run"
+    """
+    cut = getattr(config, "warmup_cut", None)
+    if cut is None:
+        return None
+    default, total = cut
+    return f"the recipe's default {default}, cut to fit this {total}-step run"
+
+
+def describe_warmup(config):
+    """The warmup as the run's header says it (with `warmup_reason`).
+
+    Example:
+
+    >>> describe_warmup(argparse.Namespace(warmup_steps=2, warmup_cut=(30, 20)))
+    "2 warmup steps (the recipe's default 30, cut to fit this 20-step run)"
+    """
+    reason = warmup_reason(config)
+    return f"{config.warmup_steps} warmup steps" + (f" ({reason})" if reason else "")
+
+
+def _shorter_warmup(total):
+    """The warmup `check_warmup` suggests for a run of `total` optimizer steps."""
+    if total // 10 == 0:
+        return "--warmup-steps 0 (no warmup)"
+    return f"--warmup-steps {total // 10} (a tenth of the run) or fewer"
+
+
 def check_warmup(config, steps_per_epoch):
     """Refuses a warmup that does not end before the last optimizer step, or
     leaves too few steps for a schedule shaped by the run (`step`,
@@ -327,8 +393,7 @@ def check_warmup(config, steps_per_epoch):
             f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
             f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
             + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
-            + f"). Use --warmup-steps {max(total // 10, 0)} (a tenth of the run) or fewer, "
-            "or a longer run (--epochs, --steps-per-epoch).")
+            + f"). Use {_shorter_warmup(total)}, or a longer run (--epochs, --steps-per-epoch).")
     schedule = getattr(config, "schedule", None)
     if schedule in SCHEDULES_SHAPED_BY_THE_RUN and total - config.warmup_steps < MIN_STEPS_AFTER_WARMUP:
         fewer = total - MIN_STEPS_AFTER_WARMUP

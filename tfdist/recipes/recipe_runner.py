@@ -34,7 +34,8 @@ from tfdist.recipes.tensor_parallel_flags import (check_resume_degree, prepare_s
                                                   prepare_tensor_parallel_devices,
                                                   tensor_parallel_block)
 from tfdist.recipes.tensor_parallel_flags import trainer_arguments as tensor_parallel_arguments
-from tfdist.recipes.preflight import check_before_tensorflow, check_warmup
+from tfdist.recipes.preflight import (check_before_tensorflow, check_warmup,
+                                      fit_default_warmup, warmup_reason)
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_steps
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
                                    read_record, render_record, settle_record, write_record,
@@ -350,6 +351,8 @@ def _print_config(recipe, config):
                                 "cached decision) may replace the rules' precision and XLA above")
     if config.strategy == "auto":
         resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
+    if warmup_reason(config):
+        resolved["warmup_steps"] = warmup_reason(config)
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
     return exit_codes.FINISHED
@@ -446,6 +449,7 @@ def _train(recipe, config, where):
             f"--global-batch-size {config.global_batch_size} does not divide evenly over "
             f"{info.num_replicas} replicas; use a multiple of {info.num_replicas}.")
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
+    fit_default_warmup(config, steps_per_epoch)
     check_warmup(config, steps_per_epoch)
     if config.steps_per_epoch and info.is_chief:
         repeats = describe_epoch_passes(data.train, config.global_batch_size, steps_per_epoch)
@@ -490,6 +494,8 @@ def _train(recipe, config, where):
         "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
+    if warmup_reason(config):
+        resolved["warmup_steps"] = warmup_reason(config)
     resumed_from = latest_backup(backup_dir) if backup_dir else None
     resuming = resumed_from is not None
     if config.model_dir and info.is_chief:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+from tfdist.recipes.preflight import describe_warmup
 from tfdist.runtime import exit_codes
 from tfdist.runtime.gpu_memory import check_allow_growth_env, describe_gpu_memory
 
@@ -210,7 +211,8 @@ def start_block(config, info, precision, jit_compile, xla_reason, data, built, s
     lines += [
         f"  model         {built.description}",
         f"  optimizer     {config.optimizer}, lr {config.learning_rate:g}, {config.schedule} schedule, "
-        f"{config.warmup_steps} warmup steps" + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),
+        f"{describe_warmup(config)}"
+        + (f", clip norm {config.clip_norm:g}" if config.clip_norm else ""),
         f"  schedule      {config.epochs} epoch(s) x {steps_per_epoch} steps",
     ]
     if info.name == "parameter_server":
