@@ -80,6 +80,15 @@ def test_missing_config_says_where_it_looked():
     with pytest.raises(ConfigError) as error:
         find_config_file("no_such_recipe", search_dirs=["/nonexistent"])
     assert "no_such_recipe" in str(error.value) and "/nonexistent" in str(error.value)
+    assert "The shipped configs: " in str(error.value) and "transformer_tiny" in str(error.value)
+
+
+def test_a_missing_config_path_is_named_once_where_it_was_looked_for(tmp_path):
+    path = str(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError) as error:
+        find_config_file(path, search_dirs=["/nonexistent", str(tmp_path)])
+    looked_at = str(error.value).split("Looked at: ")[1].split(". The shipped")[0].split(", ")
+    assert looked_at == [path, path + ".yaml", path + ".yml"]
 
 
 def test_named_config_is_found_in_a_recipes_folder(tmp_path):

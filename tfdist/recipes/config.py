@@ -349,10 +349,14 @@ def find_config_file(name_or_path, search_dirs=None):
     for folder in search_dirs:
         for candidate in (name_or_path, name_or_path + ".yaml", name_or_path + ".yml"):
             path = os.path.join(folder, candidate)
-            tried.append(path)
+            if path not in tried:  # an absolute name is the same path in every folder
+                tried.append(path)
             if os.path.isfile(path):
                 return path
-    raise ConfigError(f"Config file {name_or_path!r} not found. Looked at: {', '.join(tried)}.")
+    shipped = ", ".join(shipped_configs()) or "none"
+    raise ConfigError(f"Config file {name_or_path!r} not found. Looked at: {', '.join(tried)}. "
+                      f"The shipped configs: {shipped}; your own by name: put their folder in "
+                      f"${CONFIG_DIRS_ENV}.")
 
 
 def load_config_file(path, options):
