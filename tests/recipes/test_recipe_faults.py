@@ -214,6 +214,16 @@ def test_a_model_dir_that_is_a_file_or_under_one_exits_2_with_one_line(tmp_path)
     assert notes.read_text() == "mine\n"
 
 
+def test_a_model_dir_that_cannot_be_created_exits_2_with_one_line_naming_the_flag():
+    """/proc takes no new folder, whoever asks (the kernel's ENOENT)."""
+    result = run_recipe("transformer", [*TINY, "--model-dir", "/proc/tfdist-run"], timeout=60)
+    assert result.returncode == exit_codes.BAD_INPUT, result.stdout[-3000:]
+    no_traceback(result.stdout)
+    assert (f"{PROG}: error: --model-dir /proc/tfdist-run: the folder cannot be created there "
+            "(No such file or directory): name a folder on a disk this user can write to."
+            ) in result.stdout, result.stdout[-3000:]
+
+
 def in_private_mounts(script, *command, timeout=300):
     """Runs `sh -c script sh command...` as root of a new user and mount namespace
     (no real root needed), where it can mount tmpfs; stdout and stderr merged."""

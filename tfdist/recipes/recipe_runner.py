@@ -670,10 +670,18 @@ def _backup_recorder(keras, backup, where):
 
 
 def _lock_model_dir(config, where):
-    """Takes the model dir's lock for this run (see `tfdist.runtime.run_lock`)."""
+    """Takes the model dir's lock for this run (see `tfdist.runtime.run_lock`),
+    creating the folder. A folder that cannot be created where its parent
+    should be (`/proc/run`) is a `ConfigError` naming the flag; the other
+    faults of the disk are `environment_line`'s."""
     from tfdist.runtime.run_lock import acquire
 
-    return acquire(config.model_dir, command=where["command"])
+    try:
+        return acquire(config.model_dir, command=where["command"])
+    except FileNotFoundError as error:
+        raise ConfigError(
+            f"--model-dir {config.model_dir}: the folder cannot be created there "
+            f"({error.strerror}): name a folder on a disk this user can write to.") from None
 
 
 def _alone_before_tensorflow(config):

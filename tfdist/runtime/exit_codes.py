@@ -67,7 +67,8 @@ TABLE = (
     ExitCode(INTERRUPTED, "Ctrl-C before training was set up (nothing trained or saved)",
              "yes, starts over"),
     ExitCode(BAD_INPUT, "bad flag, config or TF_CONFIG; or the environment: the model dir is "
-                        "read-only, a file, or used by another run (`.tfdist.lock`), the disk "
+                        "read-only, a file, cannot be created, or used by another run "
+                        "(`.tfdist.lock`), the disk "
                         "is full; or a refused resume or a diverged run (one-line error)",
              "no: fix the command or the environment; a rerun then resumes from the last "
              "backup"),
