@@ -197,9 +197,8 @@ class Source:
         >>> int(source.read_in_any_order(plan).reduce(0, lambda count, _: count + 1))
         320000
         """
-        if type(self).read is not Source.read:
-            return self.read(plan)
-        if plan.mode == sharding.FILE and len(plan.files) > 1:
+        if (type(self).read is Source.read and plan.mode == sharding.FILE
+                and len(plan.files) > 1):
             files = tf.data.Dataset.from_tensor_slices(list(plan.files))
             return self.grouped(files.flat_map(self.read_file))
         return self.read(plan)

@@ -351,8 +351,8 @@ def _print_config(recipe, config):
                                 "cached decision) may replace the rules' precision and XLA above")
     if config.strategy == "auto":
         resolved["strategy"] = "auto: decided at start-up from TF_CONFIG and the devices"
-    if warmup_reason(config):
-        resolved["warmup_steps"] = warmup_reason(config)
+    if reason := warmup_reason(config):
+        resolved["warmup_steps"] = reason
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
     return exit_codes.FINISHED
@@ -494,8 +494,8 @@ def _train(recipe, config, where):
         "steps_per_epoch": steps_per_epoch, "optimizer_steps": total_steps,
         "tensorflow": tf.__version__, "keras": keras.__version__,
     }
-    if warmup_reason(config):
-        resolved["warmup_steps"] = warmup_reason(config)
+    if reason := warmup_reason(config):
+        resolved["warmup_steps"] = reason
     resumed_from = latest_backup(backup_dir) if backup_dir else None
     resuming = resumed_from is not None
     if config.model_dir and info.is_chief:
