@@ -433,6 +433,13 @@ def test_image_folder_errors_name_the_problem(tmp_path):
     (tmp_path / "empty_class").mkdir()
     with pytest.raises(ValueError, match="empty_class"):
         ImageFolderSource(str(tmp_path))
+    for index in range(1000):  # ImageNet's class folders, none filled yet: one short line
+        (tmp_path / f"n{index:08d}").mkdir()
+    with pytest.raises(ValueError) as error:
+        ImageFolderSource(str(tmp_path))
+    message = str(error.value)
+    assert "1001 of 1001 class folder(s) hold no image" in message
+    assert message.endswith("empty_class, n00000000, n00000001, n00000002, n00000003 and 996 more.")
 
 
 # --- TFDS -----------------------------------------------------------------------------------
