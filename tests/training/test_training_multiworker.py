@@ -103,6 +103,9 @@ def test_standard_callbacks_on_two_workers(run):
             assert epoch["has_model"]
             assert {"loss", "mae", "val_loss", "val_mae", "learning_rate"} <= set(epoch)
     assert output.count("Epoch 1/3") == 1  # progress bar on the chief only
+    # The end of fit woke both workers' stop-step watchers (PreemptionGuard): none
+    # waited out its poll of the coordination service (up to 1 s) after the last step.
+    assert [log["watch_ended_by"] for log in logs] == ["fit ended", "fit ended"]
     final = common.load_weights(out / "rank0_callbacks_weights.npz")
     # Keras's checkpoint, CSV and TensorBoard callbacks write on the chief only
     # (the Trainer wraps them: tfdist.callbacks.worker_safe), even at per-rank paths.

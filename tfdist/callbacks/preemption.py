@@ -14,6 +14,9 @@ from tfdist.seam import coordination_key_value_store
 ACK_TIMEOUT = 120.0
 _POLL_MS = 1000
 _KEY_PREFIX = "tfdist/stop"
+# Written in place of a stop step when a worker's `fit` ends, so that every
+# worker's watcher stops waiting at once instead of at the end of its poll.
+_FIT_ENDED = "fit ended"
 
 
 class PreemptionGuard(keras.callbacks.Callback):
@@ -47,6 +50,12 @@ class PreemptionGuard(keras.callbacks.Callback):
     recipes then exit 0 saying so). Every worker knows the run's length, so
     all agree on this.
 
+    When `fit` ends, the first worker there marks the stop step as "fit
+    ended" in the store, which every watcher is waiting on: the watchers
+    stop at once, not at the end of their current poll of the store (up to
+    a second, which every multi-worker run spent after its last step, and
+    the run's processes then waited for one another at exit).
+
     Args:
         backup: the `BackupAndResume` that writes the backup, or None to
             stop without saving (a restart then starts over).
@@ -61,6 +70,11 @@ class PreemptionGuard(keras.callbacks.Callback):
     Attributes:
         signal_after_last_step: the signal (`"SIGTERM"`) taken at the last
             training step of `fit`, which therefore ended normally; None.
+        watch_ended_by: with several workers, what ended the last `fit`'s
+            watcher: `"stop step"` (it read one), `"fit ended"` (the mark
+            above), `"cluster gone"` (the store failed) or `"stopped"` (it
+            was told to stop between two polls); None before that, or with
+            one worker.
 
     Example:
 
@@ -93,6 +107,7 @@ class PreemptionGuard(keras.callbacks.Callback):
         self._num_workers = 1
         self._keys = None
         self.signal_after_last_step = None
+        self.watch_ended_by = None
 
     def on_train_begin(self, logs=None):
         self._reset()
@@ -157,7 +172,12 @@ class PreemptionGuard(keras.callbacks.Callback):
             ctx.set_config_key_value(self._keys["claim"], self._task_name())
         except tf.errors.AlreadyExistsError:
             return  # another worker claimed first; its stop step will arrive
-        ctx.set_config_key_value(self._keys["step"], f"{self._count + 1}:{name}")
+        try:
+            ctx.set_config_key_value(self._keys["step"], f"{self._count + 1}:{name}")
+        except tf.errors.AlreadyExistsError:
+            # Another worker's fit has ended (its mark is there): so has training.
+            self.signal_after_last_step = name
+            return
         deadline = time.monotonic() + self.ack_timeout
         missing = list(range(self._num_workers))
         while missing and time.monotonic() < deadline:
@@ -176,13 +196,19 @@ class PreemptionGuard(keras.callbacks.Callback):
     def _watch_stop_step(self):
         """Watcher thread: reads the stop step when it is set, and acknowledges it."""
         ctx = coordination_key_value_store()
+        self.watch_ended_by = "stopped"
         while not self._stop_watching.is_set():
             try:
                 value = ctx.get_config_key_value(self._keys["step"], timeout_in_ms=_POLL_MS)
             except tf.errors.DeadlineExceededError:
                 continue
             except (tf.errors.OpError, RuntimeError):
-                return  # the cluster is going away; the main thread sees why
+                self.watch_ended_by = "cluster gone"
+                return  # the main thread sees why
+            if value == _FIT_ENDED:
+                self.watch_ended_by = _FIT_ENDED
+                return
+            self.watch_ended_by = "stop step"
             step, name = value.split(":", 1)
             self._stop_signal = name
             self._stop_at = int(step)
@@ -205,13 +231,23 @@ class PreemptionGuard(keras.callbacks.Callback):
                         step=self._epoch_step, backup=written)
 
     def _finish(self):
-        self._stop_watching.set()
         if self._watcher is not None:
+            self._end_every_watch()
+            self._stop_watching.set()
             self._watcher.join(timeout=2 * _POLL_MS / 1000)
             self._watcher = None
         if self._own_signals is not None:
             self._own_signals.close()
             self._own_signals = None
+
+    def _end_every_watch(self):
+        """Marks the stop step as `_FIT_ENDED` (before `_stop_watching` is set,
+        so that this worker's watcher, too, ends by reading it), unless a stop
+        step is there already: then every watcher has read it or will."""
+        try:
+            coordination_key_value_store().set_config_key_value(self._keys["step"], _FIT_ENDED)
+        except (tf.errors.OpError, RuntimeError):
+            pass  # AlreadyExists (a stop step, or another worker's mark), or the cluster is going away
 
     def _signal_source(self):
         return self.signals if self.signals is not None else self._own_signals

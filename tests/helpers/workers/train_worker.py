@@ -11,8 +11,9 @@ the requested phases with `tfdist.training.Trainer` and writes what it saw to
   pairs (`seq2seq_common.equivalence_run`); per-step losses and final weights, and
   the decoding of validation sentences split over the workers.
 * `callbacks`: fit with validation data and standard Keras callbacks
-  (per-rank paths; tfdist makes them write on the chief only), then evaluate
-  and predict.
+  (per-rank paths; tfdist makes them write on the chief only) beside tfdist's
+  `PreemptionGuard` (what ended its stop-step watcher), then evaluate and
+  predict.
 
 Usage: python tests/helpers/workers/train_worker.py --out DIR [--phases sgd,xla,seq2seq,callbacks]
 """
@@ -32,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 
 import seq2seq_common  # noqa: E402
 import train_common as common  # noqa: E402
+from tfdist.callbacks import PreemptionGuard  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 GLOBAL_BATCH = 16
@@ -113,6 +115,8 @@ def phase_callbacks(strategy, out):
         keras.callbacks.TerminateOnNaN(),
         recorder,
     ]
+    guard = PreemptionGuard()  # no backup: a signal would stop without one
+    callbacks.append(guard)
     if importlib.util.find_spec("tensorboard") is not None:  # not a TF 2.21 dependency
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(rank_dir, "tb")))
     history = trainer.fit(train, epochs=3, validation_data=val, callbacks=callbacks, verbose=1)
@@ -124,7 +128,8 @@ def phase_callbacks(strategy, out):
     with open(os.path.join(out, f"rank{r}_callbacks.json"), "w") as f:
         json.dump({"history": history.history, "evaluate": evaluation,
                    "train_batches": recorder.train_batches,
-                   "test_batches": recorder.test_batches, "epochs": recorder.epochs}, f)
+                   "test_batches": recorder.test_batches, "epochs": recorder.epochs,
+                   "watch_ended_by": guard.watch_ended_by}, f)
 
 
 def main():
