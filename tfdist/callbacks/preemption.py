@@ -52,9 +52,8 @@ class PreemptionGuard(keras.callbacks.Callback):
 
     When `fit` ends, the first worker there marks the stop step as "fit
     ended" in the store, which every watcher is waiting on: the watchers
-    stop at once, not at the end of their current poll of the store (up to
-    a second, which every multi-worker run spent after its last step, and
-    the run's processes then waited for one another at exit).
+    stop at once, not at the end of their current poll of the store, which
+    would keep `fit` up to a second after its last step.
 
     Args:
         backup: the `BackupAndResume` that writes the backup, or None to
