@@ -3,6 +3,19 @@
 import tensorflow as tf
 
 
+def first_few(names, shown=5):
+    """The first `shown` of `names` joined by commas, and how many more there are.
+
+    Example:
+
+    >>> first_few(["a.txt", "b.txt", "c.txt"], shown=2)
+    'a.txt, b.txt and 1 more'
+    """
+    names = list(names)
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def expand_files(patterns):
     """Expands glob patterns (or plain paths) into a sorted tuple of files.
 
@@ -86,7 +99,7 @@ def check_holds_examples(files, min_bytes=1, *, too_short=None, where=None):
             return
     if not files:
         return
-    named = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    named = first_few(files)
     place = f" ({where})" if where else ""
     if total == 0:
         what = ("the file is empty (0 bytes)" if len(files) == 1

@@ -11,6 +11,7 @@ import os
 import tensorflow as tf
 
 from tfdist.data import sharding
+from tfdist.data.files import first_few
 from tfdist.data.images.base import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -56,20 +57,8 @@ def list_image_folder(root, extensions=IMAGE_EXTENSIONS):
         labels += [label] * len(files)
     if empty:
         raise ValueError(f"Image folder {root!r}: {len(empty)} of {len(names)} class folder(s) "
-                         f"hold no image ({', '.join(extensions)}): {_first_few(empty)}.")
+                         f"hold no image ({', '.join(extensions)}): {first_few(empty)}.")
     return tuple(names), tuple(paths), tuple(labels)
-
-
-def _first_few(names, shown=5):
-    """`names` joined by commas, the first `shown` of them and how many more.
-
-    Example:
-
-    >>> _first_few(["a", "b", "c"], shown=2)
-    'a, b and 1 more'
-    """
-    more = len(names) - shown
-    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 class ImageFolderSource(ImageSource):
