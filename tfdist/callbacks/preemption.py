@@ -195,7 +195,6 @@ class PreemptionGuard(keras.callbacks.Callback):
     def _watch_stop_step(self):
         """Watcher thread: reads the stop step when it is set, and acknowledges it."""
         ctx = coordination_key_value_store()
-        self.watch_ended_by = "stopped"
         while not self._stop_watching.is_set():
             try:
                 value = ctx.get_config_key_value(self._keys["step"], timeout_in_ms=_POLL_MS)
@@ -216,6 +215,7 @@ class PreemptionGuard(keras.callbacks.Callback):
             except (tf.errors.OpError, RuntimeError):
                 pass
             return
+        self.watch_ended_by = "stopped"
 
     def _stop(self, name, logs, last=False):
         if last:  # training has finished: end normally instead of stopping
