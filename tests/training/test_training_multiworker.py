@@ -119,6 +119,17 @@ def test_standard_callbacks_on_two_workers(run):
     assert (out / "rank0" / "log.csv").read_text().count("\n") == 4  # header + 3 epochs
 
 
+def test_a_second_fit_with_a_new_guard_stops_every_worker_at_one_step(run):
+    """A second fit in the worker processes with a new PreemptionGuard: worker 1's
+    SIGTERM after batch 0 stops both workers after batch 1, the step it names,
+    instead of reading the first fit's "fit ended" mark as its own."""
+    out, _ = run
+    logs = [common.load_json(out / f"rank{r}_second_fit.json") for r in (0, 1)]
+    stop = {"epoch": 0, "step": 2, "signal": "SIGTERM"}
+    assert [log["stopped"] for log in logs] == [stop, stop]
+    assert [log["watch_ended_by"] for log in logs] == ["stop step", "stop step"]
+
+
 def test_predict_and_evaluate_on_two_workers(run):
     out, _ = run
     model = common.dense_model(tf.distribute.get_strategy())

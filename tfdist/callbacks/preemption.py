@@ -1,5 +1,6 @@
 """Preemption: on SIGTERM or SIGINT every worker backs up at one agreed step and stops."""
 
+import itertools
 import threading
 import time
 
@@ -17,6 +18,9 @@ _KEY_PREFIX = "tfdist/stop"
 # Written in place of a stop step when a worker's `fit` ends, so that every
 # worker's watcher stops waiting at once instead of at the end of its poll.
 _FIT_ENDED = "fit ended"
+# Numbers this process's multi-worker fits in the order they start (the same
+# order on every worker): each fit's keys are its own, whichever guard runs it.
+_multi_worker_fits = itertools.count(1)
 
 
 class PreemptionGuard(keras.callbacks.Callback):
@@ -53,7 +57,10 @@ class PreemptionGuard(keras.callbacks.Callback):
     When `fit` ends, the first worker there marks the stop step as "fit
     ended" in the store, which every watcher is waiting on: the watchers
     stop at once, not at the end of their current poll of the store, which
-    would keep `fit` up to a second after its last step.
+    would keep `fit` up to a second after its last step. Each multi-worker
+    `fit` of the process has keys of its own (numbered in the order the fits
+    start, which every worker shares), so a guard made for a later `fit`
+    never reads an earlier one's stop step or mark.
 
     Args:
         backup: the `BackupAndResume` that writes the backup, or None to
@@ -87,7 +94,6 @@ class PreemptionGuard(keras.callbacks.Callback):
         self.signals = signals
         self.strategy = strategy
         self.ack_timeout = float(ack_timeout)
-        self._fit_calls = 0
         self._own_signals = None
         self._watcher = None
         self._stop_watching = threading.Event()
@@ -110,7 +116,6 @@ class PreemptionGuard(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._reset()
-        self._fit_calls += 1
         if self.signals is None:
             self._own_signals = HandlerStopSignals.install()
         strategy = self.strategy or model_strategy(self.model) or tf.distribute.get_strategy()
@@ -120,7 +125,7 @@ class PreemptionGuard(keras.callbacks.Callback):
         self._num_workers = info.num_workers
         self._multi_worker = info.num_workers > 1
         if self._multi_worker:
-            run = f"{_KEY_PREFIX}/{self._fit_calls}"
+            run = f"{_KEY_PREFIX}/{next(_multi_worker_fits)}"
             self._keys = {"claim": f"{run}/claim", "step": f"{run}/step", "ack": f"{run}/ack"}
             self._stop_watching.clear()
             self._watcher = threading.Thread(target=self._watch_stop_step, daemon=True,

@@ -13,7 +13,8 @@ the requested phases with `tfdist.training.Trainer` and writes what it saw to
 * `callbacks`: fit with validation data and standard Keras callbacks
   (per-rank paths; tfdist makes them write on the chief only) beside tfdist's
   `PreemptionGuard` (what ended its stop-step watcher), then evaluate and
-  predict.
+  predict; then one more fit with a new `PreemptionGuard`, where worker 1
+  gets SIGTERM mid-epoch (`phase_second_fit_signalled`).
 
 Usage: python tests/helpers/workers/train_worker.py --out DIR [--phases sgd,xla,seq2seq,callbacks]
 """
@@ -22,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,7 +35,7 @@ import tensorflow as tf  # noqa: E402
 
 import seq2seq_common  # noqa: E402
 import train_common as common  # noqa: E402
-from tfdist.callbacks import PreemptionGuard  # noqa: E402
+from tfdist.callbacks import Preempted, PreemptionGuard  # noqa: E402
 from tfdist.training import Trainer  # noqa: E402
 
 GLOBAL_BATCH = 16
@@ -130,6 +132,44 @@ def phase_callbacks(strategy, out):
                    "train_batches": recorder.train_batches,
                    "test_batches": recorder.test_batches, "epochs": recorder.epochs,
                    "watch_ended_by": guard.watch_ended_by}, f)
+    phase_second_fit_signalled(strategy, out)
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends this process SIGTERM at training batch `batch` of the first epoch; the
+    `PreemptionGuard` after it finds the signal pending at that same batch."""
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch, self.epoch = batch, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 0 and batch == self.batch:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def phase_second_fit_signalled(strategy, out):
+    """One more fit in the same processes with a guard of its own (as a program
+    that fine-tunes in a second `fit` makes one): worker 1's SIGTERM after batch
+    0 must stop both workers at the step it names, whatever the earlier fit
+    left in the coordination service (its "fit ended" mark)."""
+    model = common.dense_model(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    trainer = Trainer(model, optimizer, "mse", strategy=strategy)
+    guard = PreemptionGuard()  # no backup: a signal stops without one
+    callbacks = ([SignalAt(batch=0)] if rank() == 1 else []) + [guard]
+    stopped = None
+    try:  # 64 examples in batches of 16: 4 steps an epoch
+        trainer.fit(common.dataset(common.regression_arrays(n=64), GLOBAL_BATCH), epochs=3,
+                    callbacks=callbacks, verbose=0)
+    except Preempted as stop:
+        stopped = {"epoch": stop.epoch, "step": stop.step, "signal": stop.signal_name}
+    with open(os.path.join(out, f"rank{rank()}_second_fit.json"), "w") as f:
+        json.dump({"stopped": stopped, "watch_ended_by": guard.watch_ended_by}, f)
 
 
 def main():
