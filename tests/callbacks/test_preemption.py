@@ -216,3 +216,34 @@ def test_sigterm_while_waiting_for_peers_stops_at_once_with_a_message(tmp_path):
     assert took < 5.0, f"it took {took:.1f} s to stop"
     assert ("SIGTERM before the first training step ended (nothing to save yet): stopping now"
             in out), out[-3000:]
+
+
+def test_a_fit_that_raises_gives_back_the_signal_handlers():
+    """Keras calls no callback when fit raises: tfdist's Trainer calls the guard's
+    on_fit_error, which gives back the SIGINT and SIGTERM handlers it installed
+    for the fit, so Ctrl-C interrupts the program again afterwards."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdist.callbacks import PreemptionGuard
+    from tfdist.training import Trainer
+
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    before = {number: signal.getsignal(number) for number in stop_signals}
+    during = []
+
+    class FailsAtBatch1(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            during.append({number: signal.getsignal(number) for number in stop_signals})
+            if batch == 1:
+                raise RuntimeError("a callback failed")
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    data = tf.data.Dataset.from_tensor_slices(
+        (np.ones((32, 4), "float32"), np.ones((32, 1), "float32"))).batch(8)
+    trainer = Trainer(model, keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        trainer.fit(data, epochs=1, callbacks=[PreemptionGuard(), FailsAtBatch1()], verbose=0)
+    assert len(during) == 2 and all(handlers != before for handlers in during)  # the guard's
+    assert {number: signal.getsignal(number) for number in stop_signals} == before

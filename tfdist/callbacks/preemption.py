@@ -167,6 +167,24 @@ class PreemptionGuard(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._finish()
 
+    def on_fit_error(self, error):
+        """Ends the guard's part in a `fit` that raised `error`, as the end of a
+        `fit` does: gives back the signal handlers it installed (else Ctrl-C
+        would stay a noted stop request in this process) and stops its
+        watcher. tfdist's `Trainer` calls it (Keras calls no callback when
+        `fit` raises); after Keras's own `fit` raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(data, epochs=3, callbacks=[guard])
+        ... except Exception as error:
+        ...     guard.on_fit_error(error)
+        ...     raise
+        """
+        del error  # whatever it was, the guard's fit is over
+        self._finish()
+
     # ------------------------------------------------------------ protocol
     def _claim(self, name):
         """The worker that got the signal names the stop step (its next one)."""

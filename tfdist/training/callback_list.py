@@ -6,8 +6,11 @@ A `keras.callbacks.CallbackList` with the model set (so `ModelCheckpoint`,
 model metrics in the bar, speed figures with units after it) that only the
 chief shows when several workers train together. Under a multi-worker
 strategy Keras's file-writing callbacks are made to write once per job
-(`tfdist.callbacks.worker_safe.make_worker_safe`).
+(`tfdist.callbacks.worker_safe.make_worker_safe`). When `fit` raises,
+`end_failed_fit` lets the callbacks release what they hold for a `fit`.
 """
+
+import warnings
 
 import keras
 
@@ -61,3 +64,33 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
     return keras.callbacks.CallbackList(
         callbacks, add_history=add_history, add_progbar=verbose != 0,
         model=model, verbose=verbose, epochs=epochs, steps=steps)
+
+
+def end_failed_fit(callback_list, error):
+    """Tells the callbacks of a `fit` that raised `error`, before it propagates.
+
+    Keras calls no callback when `fit` raises, so what a callback holds for
+    the length of a `fit` (released in `on_train_end`) would stay held. Each
+    callback with an `on_fit_error(error)` method gets that call here:
+    `PreemptionGuard` gives back the SIGINT/SIGTERM handlers it installed
+    (or Ctrl-C would stay a noted stop request in that process) and stops
+    its watcher thread. A hook that fails is reported as a warning; the
+    error of `fit` is the one raised.
+
+    Example:
+
+    >>> try:
+    ...     run_epochs()
+    ... except BaseException as error:
+    ...     end_failed_fit(callback_list, error)
+    ...     raise
+    """
+    for callback in callback_list.callbacks:
+        hook = getattr(callback, "on_fit_error", None)
+        if not callable(hook):
+            continue
+        try:
+            hook(error)
+        except Exception as hook_error:  # noqa: BLE001 - the fit's own error goes on
+            warnings.warn(f"{type(callback).__name__}.on_fit_error failed after fit raised "
+                          f"{type(error).__name__}: {hook_error!r}", RuntimeWarning, stacklevel=2)
