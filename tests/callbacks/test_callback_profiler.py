@@ -118,3 +118,30 @@ def test_bad_windows_are_refused_with_the_values(args, match):
 def test_get_config_round_trips():
     window = ProfilerWindow("logs", 3, 9)
     assert ProfilerWindow(**window.get_config()).get_config() == window.get_config()
+
+
+def test_a_fit_that_raises_in_the_window_saves_the_steps_before_and_frees_the_profiler(tmp_path):
+    """Keras calls no callback when fit raises; tfdist's Trainer calls on_fit_error,
+    which stops the open window: the steps before the error are saved, and the
+    next profiler starts."""
+    from tfdist.training import Trainer
+
+    class FailsAtStep2(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("a callback failed")
+
+    log_dir = str(tmp_path / "logs")
+    window = ProfilerWindow(log_dir, start_step=1, stop_step=10)
+    x = np.random.default_rng(0).normal(size=(8 * STEPS, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        Trainer(model, keras.optimizers.SGD(0.1), "mse").fit(
+            data, epochs=3, callbacks=[window, FailsAtStep2()], verbose=0)
+    assert window.profiled_steps == (1, 2)
+    (saved,) = profiles(log_dir)
+    assert traced_steps(saved) == [1, 2]
+    again = ProfilerWindow(str(tmp_path / "again"), start_step=0, stop_step=1)
+    tiny_fit([again], epochs=1)
+    assert again.profiled_steps == (0, 0) and len(profiles(str(tmp_path / "again"))) == 1

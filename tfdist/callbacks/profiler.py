@@ -138,6 +138,23 @@ class ProfilerWindow(keras.callbacks.Callback):
         if self._active:
             self._stop()
 
+    def on_fit_error(self, error):
+        """Stops a window that a raising `fit` left open, saving the steps profiled
+        before the error (often the ones worth reading) and freeing the profiler
+        for the next `fit`. tfdist's `Trainer` calls it (Keras calls no callback
+        when `fit` raises); after Keras's own `fit` raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(data, epochs=3, callbacks=[window])
+        ... except Exception as error:
+        ...     window.on_fit_error(error)
+        ...     raise
+        """
+        del error  # whatever it was, the window ends here
+        self.on_train_end()
+
     def get_config(self):
         return {"log_dir": self.log_dir, "start_step": self.start_step,
                 "stop_step": self.stop_step}
