@@ -218,6 +218,21 @@ def steps_on_disk(backup_dir):
     return [read_backup(p).global_step for p in list_backups(backup_dir)]
 
 
+def test_a_fit_the_guard_stopped_leaves_no_record_on_the_model():
+    """The guard publishes its record on the model for the length of a fit. When its
+    own error ends the fit (Keras calls no callback then), tfdist's Trainer calls its
+    on_fit_error, and the record goes: a later fit of the same model without a guard
+    gives its backups no record of a guard that no longer runs."""
+    strategy = tf.distribute.get_strategy()
+    model = common.dense_model(strategy)
+    trainer = Trainer(model, keras.optimizers.SGD(0.05), "mse", strategy=strategy)
+    data = common.dataset(common.regression_arrays(n=BATCH * STEPS), BATCH).repeat()
+    with pytest.raises(DivergenceError):
+        trainer.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS,
+                    callbacks=[ShiftAt(25), DivergenceGuard()], verbose=0)
+    assert getattr(model, HEALTH_ATTRIBUTE, None) is None
+
+
 def test_without_a_guard_diverged_backups_rotate_the_good_ones_out(tmp_path):
     # The problem: a finite but huge loss stops nothing, and every kept backup is diverged.
     backup_dir = tmp_path / "backup"

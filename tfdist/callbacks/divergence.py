@@ -203,6 +203,25 @@ class DivergenceGuard(keras.callbacks.Callback):
         if model is not None and getattr(model, HEALTH_ATTRIBUTE, None) is self.health:
             setattr(model, HEALTH_ATTRIBUTE, None)
 
+    def on_fit_error(self, error):
+        """Takes the guard's record off the model when `fit` raised `error` (the
+        guard's own `DivergenceError` included), as the end of a `fit` does: a
+        later `fit` of the same model without a guard then gives its backups no
+        record of a guard that no longer runs. tfdist's `Trainer` calls it (Keras
+        calls no callback when `fit` raises); after Keras's own `fit` raised,
+        call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(data, epochs=3, callbacks=[guard])
+        ... except Exception as error:
+        ...     guard.on_fit_error(error)
+        ...     raise
+        """
+        del error  # whatever it was, this fit's record is done
+        self.on_train_end()
+
     def _on_train_batch_end(self, batch, logs=None):
         health = self.health
         batches = batch + 1  # batches of this epoch in the logged running mean
