@@ -127,7 +127,9 @@ class PreemptionGuard(keras.callbacks.Callback):
         if self._multi_worker:
             run = f"{_KEY_PREFIX}/{next(_multi_worker_fits)}"
             self._keys = {"claim": f"{run}/claim", "step": f"{run}/step", "ack": f"{run}/ack"}
-            self._stop_watching.clear()
+            # An event of this fit's own: a watcher a failed fit left polling
+            # (see on_fit_error) stays stopped and leaves this fit's state alone.
+            self._stop_watching = threading.Event()
             self._watcher = threading.Thread(target=self._watch_stop_step, daemon=True,
                                              name="tfdist-stop-step-watcher")
             self._watcher.start()
@@ -173,6 +175,9 @@ class PreemptionGuard(keras.callbacks.Callback):
         would stay a noted stop request in this process) and stops its
         watcher. tfdist's `Trainer` calls it (Keras calls no callback when
         `fit` raises); after Keras's own `fit` raised, call it yourself.
+        Unlike the end of a `fit`, it neither waits for the watcher nor
+        writes to the coordination service, which a lost worker may have
+        taken down with the `fit`.
 
         Example:
 
@@ -183,7 +188,11 @@ class PreemptionGuard(keras.callbacks.Callback):
         ...     raise
         """
         del error  # whatever it was, the guard's fit is over
-        self._finish()
+        # No "fit ended" mark and no wait: the store may have gone with the failed
+        # fit (a lost worker), and the watcher, a daemon, ends at its next poll.
+        self._stop_watching.set()
+        self._watcher = None
+        self._close_signals()
 
     # ------------------------------------------------------------ protocol
     def _claim(self, name):
@@ -216,16 +225,28 @@ class PreemptionGuard(keras.callbacks.Callback):
                 "backup. The last regular backup is kept.")
 
     def _watch_stop_step(self):
-        """Watcher thread: reads the stop step when it is set, and acknowledges it."""
+        """Watcher thread: reads the stop step when it is set, and acknowledges it.
+
+        It reads and writes the state of its own fit only: once a later fit
+        has started (after a fit that raised, whose watcher was left to end at
+        its next poll), it changes nothing."""
         ctx = coordination_key_value_store()
-        while not self._stop_watching.is_set():
+        stop, keys, task = self._stop_watching, self._keys, self._task[1]
+
+        def own_fit():
+            return stop is self._stop_watching
+
+        while not stop.is_set():
             try:
-                value = ctx.get_config_key_value(self._keys["step"], timeout_in_ms=_POLL_MS)
+                value = ctx.get_config_key_value(keys["step"], timeout_in_ms=_POLL_MS)
             except tf.errors.DeadlineExceededError:
                 continue
             except (tf.errors.OpError, RuntimeError):
-                self.watch_ended_by = "cluster gone"
+                if own_fit():
+                    self.watch_ended_by = "cluster gone"
                 return  # the main thread sees why
+            if not own_fit():
+                return
             if value == _FIT_ENDED:
                 self.watch_ended_by = _FIT_ENDED
                 return
@@ -234,11 +255,12 @@ class PreemptionGuard(keras.callbacks.Callback):
             self._stop_signal = name
             self._stop_at = int(step)
             try:
-                ctx.set_config_key_value(f"{self._keys['ack']}/{self._task[1]}", "1")
+                ctx.set_config_key_value(f"{keys['ack']}/{task}", "1")
             except (tf.errors.OpError, RuntimeError):
                 pass
             return
-        self.watch_ended_by = "stopped"
+        if own_fit():
+            self.watch_ended_by = "stopped"
 
     def _stop(self, name, logs, last=False):
         if last:  # training has finished: end normally instead of stopping
@@ -258,6 +280,10 @@ class PreemptionGuard(keras.callbacks.Callback):
             self._stop_watching.set()
             self._watcher.join(timeout=2 * _POLL_MS / 1000)
             self._watcher = None
+        self._close_signals()
+
+    def _close_signals(self):
+        """Gives back the signal handlers the guard installed for the fit, if any."""
         if self._own_signals is not None:
             self._own_signals.close()
             self._own_signals = None
