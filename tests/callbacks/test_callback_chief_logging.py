@@ -162,6 +162,38 @@ def test_redirect_saves_into_a_temporary_folder_that_is_deleted(tmp_path, monkey
     assert checkpoint.filepath == str(tmp_path / "ckpt" / "e{epoch}.weights.h5")
 
 
+class FailsAtEpochEnd(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError(f"a callback failed at the end of epoch {epoch}")
+
+
+def test_a_failed_fit_gives_the_path_back_and_deletes_the_temporary_folder(tmp_path,
+                                                                           monkeypatch):
+    """Keras calls no callback when fit raises; tfdist's Trainer calls on_fit_error,
+    which ends the redirect as the end of training does."""
+    from tfdist.training import Trainer
+
+    monkeypatch.setenv("TF_CONFIG", tf_config("worker", 1))
+    path = str(tmp_path / "ckpt" / "e{epoch}.weights.h5")
+    checkpoint = keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+    wrapped = ChiefOnly(checkpoint, non_chief="redirect")
+    probe = TempDirProbe(wrapped)
+    x, y = arrays()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(RuntimeError, match="end of epoch 1"):
+        Trainer(build_model()).fit(data, epochs=3, verbose=0,
+                                   callbacks=[wrapped, probe, FailsAtEpochEnd(1)])
+    folder = probe.seen[0][0]
+    assert "worker_1" in folder and probe.seen[1] == (folder, ["e1.weights.h5", "e2.weights.h5"])
+    assert not os.path.exists(folder)
+    assert checkpoint.filepath == path and wrapped.mode is None
+
+
 def test_auto_runs_checkpoints_everywhere_only_when_the_model_has_on_read_variables(
         tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", tf_config("worker", 1))

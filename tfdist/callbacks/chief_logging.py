@@ -196,6 +196,31 @@ class ChiefOnly(keras.callbacks.Callback):
         finally:
             self._finish()
 
+    def on_fit_error(self, error):
+        """Ends a `fit` that raised `error` as `on_train_end` would, without the
+        wrapped callback's `on_train_end`: passes `on_fit_error(error)` on to
+        the wrapped callback when it has one and runs here, then gives the
+        callback its own output path back and deletes a redirected run's
+        temporary folder (else both would stay until this wrapper is
+        collected). tfdist's `Trainer` calls it (Keras calls no callback
+        when `fit` raises); after Keras's own `fit` raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(x, y, callbacks=[wrapped])
+        ... except Exception as error:
+        ...     wrapped.on_fit_error(error)
+        ...     raise
+        """
+        self._training = False
+        try:
+            hook = getattr(self.callback, "on_fit_error", None)
+            if self._runs() and callable(hook):
+                hook(error)
+        finally:
+            self._finish()
+
     def on_test_end(self, logs=None):
         if self._runs():
             self.callback.on_test_end(logs)
