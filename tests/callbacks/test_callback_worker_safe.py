@@ -262,6 +262,27 @@ def test_every_worker_restores_and_only_the_chief_writes_and_deletes(monkeypatch
     assert not os.path.exists(backup_dir)
 
 
+def test_a_failed_fit_deletes_a_non_chief_s_temporary_folder_and_keeps_the_backup(
+        monkeypatch, tmp_path):
+    """Keras calls no callback when fit raises; tfdist's Trainer calls on_fit_error."""
+    from tfdist.training import Trainer
+
+    backup_dir = str(tmp_path / "backup")
+    interrupted_fit([safe_backup(monkeypatch, 0, backup_dir)], at=2)
+    written = files(backup_dir)
+    other = safe_backup(monkeypatch, 1, backup_dir)
+    probe = BackupProbe(other)
+    x, y = common.regression_arrays(n=48)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(Interrupted):
+        Trainer(model()).fit(data, epochs=EPOCHS, verbose=0,
+                             callbacks=[other, probe, InterruptAtEpochStart(3)])
+    folder = probe.writes[0][0]
+    assert "tfdist-backup-worker_1-" in folder and other.restored_epoch == 2
+    assert not os.path.exists(folder) and other.write_dir is None
+    assert files(backup_dir) == written
+
+
 def test_double_checkpoint_falls_back_as_keras_does_and_only_the_chief_repairs(monkeypatch,
                                                                              tmp_path):
     backup_dir = str(tmp_path / "backup")

@@ -253,6 +253,23 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
         finally:
             self._finish()
 
+    def on_fit_error(self, error):
+        """Deletes this worker's temporary folder (a non-chief's copies) when
+        `fit` raised `error`; the backup in `backup_dir` stays, for the rerun.
+        tfdist's `Trainer` calls it (Keras calls no callback when `fit`
+        raises); after Keras's own `fit` raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(x, y, callbacks=[backup])
+        ... except Exception as error:
+        ...     backup.on_fit_error(error)
+        ...     raise
+        """
+        del error
+        self._finish()
+
     def _finish(self):
         if self._cleanup is not None:
             self._cleanup()  # deletes this worker's temporary folder
