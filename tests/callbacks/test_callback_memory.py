@@ -229,6 +229,28 @@ def test_readings_of_the_mapped_devices_in_mb_and_watts():
     assert nvml.initialised == 0
 
 
+def test_a_failed_fit_shuts_nvml_down():
+    """Stand-in NVML (tests/helpers/fake_nvml.py) in the monitor, as a GPU fit opens
+    it; Keras calls no callback when fit raises, tfdist's Trainer calls on_fit_error."""
+    from tfdist.training import Trainer
+
+    class Fails(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("a callback failed")
+
+    nvml = make_nvml(FOUR_GPUS)
+    monitor = DeviceMemoryMonitor(warn_fraction=None, print_fn=None)
+    monitor._nvml = NvmlGpus([0], environ={}, nvml=nvml)
+    assert nvml.initialised == 1
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        Trainer(model, keras.optimizers.SGD(0.1), "mse").fit(
+            data, epochs=1, verbose=0, callbacks=[monitor, Fails()])
+    assert nvml.initialised == 0 and monitor._nvml is None
+
+
 def test_a_figure_a_gpu_does_not_report_is_left_out_and_named():
     """Stand-in NVML (tests/helpers/fake_nvml.py), power "Not Supported" as on some boards."""
     devices = [dict(FOUR_GPUS[0], power_mw=None)]

@@ -245,6 +245,23 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
             self._nvml.close()
             self._nvml = None
 
+    def on_fit_error(self, error):
+        """Shuts NVML down when `fit` raised `error`, as the end of a `fit`
+        does (the next `fit` opens it again). tfdist's `Trainer` calls it
+        (Keras calls no callback when `fit` raises); after Keras's own `fit`
+        raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(x, y, callbacks=[monitor])
+        ... except Exception as error:
+        ...     monitor.on_fit_error(error)
+        ...     raise
+        """
+        del error
+        self.on_train_end()
+
     def on_epoch_begin(self, epoch, logs=None):
         if self.reset_peak_each_epoch:
             for index in self.gpu_indices:
