@@ -280,6 +280,34 @@ def test_keras_fit_under_mirrored_resumes(tmp_path):
     assert backup.restored.epoch == EPOCHS and history.get("loss", []) == []
 
 
+def test_after_a_failed_keras_fit_on_fit_error_gives_later_fits_their_first_epoch_back(
+        tmp_path):
+    """Resuming under keras fit starts it at the backup's epoch (the model's
+    `_initial_epoch`); when that fit raises, Keras calls no callback, and the
+    user's `on_fit_error` call takes the start back: a later fit of the same
+    model without the callback runs every epoch."""
+    model = common.dense_model(tf.distribute.get_strategy())
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x, y = common.regression_arrays(n=EXAMPLES)
+
+    def fit(callbacks):
+        return model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                         callbacks=callbacks).epoch
+
+    backup_dir = tmp_path / "backup"
+    with pytest.raises(Interrupted):
+        fit([BackupAndResume(backup_dir, verbose=0), InterruptAtEpochStart(1)])
+    backup = BackupAndResume(backup_dir, verbose=0)
+    with pytest.raises(Interrupted):
+        try:
+            fit([backup, InterruptAtEpochStart(2)])
+        except Interrupted as error:
+            backup.on_fit_error(error)
+            raise
+    assert backup.restored.epoch == 1
+    assert fit([]) == list(range(EPOCHS))
+
+
 # ------------------------------------------------------- files on disk
 def test_keeps_the_last_k_backups_across_restarts(tmp_path):
     backup_dir = tmp_path / "backup"

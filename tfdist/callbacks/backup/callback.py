@@ -474,6 +474,28 @@ class BackupAndResume(keras.callbacks.Callback):
             self._print(1, f"BackupAndResume: training ended normally; deleted "
                            f"{self.backup_dir}.")
 
+    def on_fit_error(self, error):
+        """Takes back the start epoch this callback gave Keras's `fit` on
+        resuming (`model._initial_epoch`, plain `model.fit` only), when `fit`
+        raised `error`: otherwise a later `model.fit` of the same model
+        without this callback would start at that epoch, skipping the ones
+        before. The backups stay, for the rerun. tfdist's `Trainer` calls it
+        (Keras calls no callback when `fit` raises); after Keras's own `fit`
+        raised, call it yourself.
+
+        Example:
+
+        >>> try:
+        ...     model.fit(x, y, epochs=4, callbacks=[backup])
+        ... except Exception as error:
+        ...     backup.on_fit_error(error)
+        ...     raise
+        """
+        del error
+        if self._set_initial_epoch:
+            set_model_initial_epoch(self.model, None)
+            self._set_initial_epoch = False
+
     def _at_update_boundary(self):
         return self._fit_position is None or self._fit_position.at_update_boundary()
 
