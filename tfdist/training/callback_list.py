@@ -71,11 +71,12 @@ def end_failed_fit(callback_list, error):
 
     Keras calls no callback when `fit` raises, so what a callback holds for
     the length of a `fit` (released in `on_train_end`) would stay held. Each
-    callback with an `on_fit_error(error)` method gets that call here:
-    `PreemptionGuard` gives back the SIGINT/SIGTERM handlers it installed
-    (or Ctrl-C would stay a noted stop request in that process) and stops
-    its watcher thread. A hook that fails is reported as a warning; the
-    error of `fit` is the one raised.
+    callback with an `on_fit_error(error)` method gets that call here
+    (tfdist's callbacks that hold something for a `fit` have one; e.g.
+    `PreemptionGuard` gives back the SIGINT/SIGTERM handlers it installed,
+    or Ctrl-C would stay a noted stop request in that process, and
+    `ProfilerWindow` saves and stops an open profile). A hook that fails is
+    reported as a warning; the error of `fit` is the one raised.
 
     Example:
 
