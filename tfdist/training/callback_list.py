@@ -7,9 +7,11 @@ model metrics in the bar, speed figures with units after it) that only the
 chief shows when several workers train together. Under a multi-worker
 strategy Keras's file-writing callbacks are made to write once per job
 (`tfdist.callbacks.worker_safe.make_worker_safe`). When `fit` raises,
-`end_failed_fit` lets the callbacks release what they hold for a `fit`.
+`end_failed_fit` (or `telling_callbacks_if_fit_fails` around a fit's body)
+lets the callbacks release what they hold for a `fit`.
 """
 
+import contextlib
 import warnings
 
 import keras
@@ -95,3 +97,20 @@ def end_failed_fit(callback_list, error):
         except Exception as hook_error:  # noqa: BLE001 - the fit's own error goes on
             warnings.warn(f"{type(callback).__name__}.on_fit_error failed after fit raised "
                           f"{type(error).__name__}: {hook_error!r}", RuntimeWarning, stacklevel=2)
+
+
+@contextlib.contextmanager
+def telling_callbacks_if_fit_fails(callback_list):
+    """Runs the body of a `fit`; if it raises, `end_failed_fit` tells the
+    callbacks of `callback_list` before the error goes on.
+
+    Example:
+
+    >>> with telling_callbacks_if_fit_fails(callback_list):
+    ...     run_epochs()
+    """
+    try:
+        yield
+    except BaseException as error:
+        end_failed_fit(callback_list, error)
+        raise

@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from tfdist.seam import (default_strategy, model_compile_loss, model_initial_epoch,
                          optimizer_iterations_variable, strategy_cluster_resolver)
-from tfdist.training.callback_list import end_failed_fit, make_callback_list
+from tfdist.training.callback_list import make_callback_list, telling_callbacks_if_fit_fails
 from tfdist.training.inputs import unpack
 from tfdist.training.loop import end_epoch, run_evaluation
 from tfdist.training.loss import GlobalCompileLoss
@@ -355,13 +355,10 @@ class ParameterServerFit:
         position = FitPosition(steps_per_epoch, replays_consumed_batches=False)
         setattr(model, FIT_POSITION_ATTRIBUTE, position)
         try:
-            try:
+            with telling_callbacks_if_fit_fails(callback_list):
                 logs = self._epochs(worker_steps, iterator, evaluation, epochs, steps_per_epoch,
                                     validation_steps, validation_freq, callback_list,
                                     initial_epoch, position)
-            except BaseException as error:
-                end_failed_fit(callback_list, error)
-                raise
         except _LOST_ERRORS as error:
             raise explain_lost(error, self.strategy) from error
         except tf.errors.OutOfRangeError as error:

@@ -17,7 +17,7 @@ from tfdist.seam import (default_strategy, join_predicted_batches, metrics_in_ke
                          model_compile_config, model_compile_loss, model_initial_epoch,
                          model_strategy, optimizer_trainable_variables, set_optimizer_strategy,
                          symbolic_build)
-from tfdist.training.callback_list import end_failed_fit, make_callback_list
+from tfdist.training.callback_list import make_callback_list, telling_callbacks_if_fit_fails
 from tfdist.training.compiled import check_hooks, compile_model
 from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_spec,
                                     training_inputs, unpack)
@@ -411,13 +411,10 @@ class Trainer:
         updates_placed = (updates_on_variable_devices(self.optimizer)
                           if self.tensor_parallel > 1 else contextlib.nullcontext())
         try:
-            with updates_placed:
+            with telling_callbacks_if_fit_fails(callback_list), updates_placed:
                 training_logs, initial_epoch = self._fit_epochs(
                     data, val_data, steps, epochs, steps_per_epoch, validation_steps,
                     validation_freq, callback_list, initial_epoch, position, positionable)
-        except BaseException as error:
-            end_failed_fit(callback_list, error)
-            raise
         finally:
             setattr(self.model, FIT_POSITION_ATTRIBUTE, None)
         if epochs > initial_epoch and self.optimizer is not None:
