@@ -263,6 +263,9 @@ def test_slurm_resolver_reaches_the_strategy_factory():
     # `step` needs 4 steps after the warmup: 30 of 33 would leave 3.
     (["--schedule", "step"], 33, 3, "the recipe's default 30, cut to fit this 33-step run"),
     (["--schedule", "step"], 34, 30, None),
+    # `inverse_sqrt` peaks at the warmup's end: at least 1 step, even under 10 steps.
+    (["--schedule", "inverse_sqrt"], 9, 1, "the recipe's default 30, cut to fit this 9-step run"),
+    (["--schedule", "inverse_sqrt"], 2, 1, "the recipe's default 30, cut to fit this 2-step run"),
 ])
 def test_the_recipes_default_warmup_is_cut_to_fit_a_shorter_run(argv, steps_per_epoch, warmup,
                                                                  reason):
@@ -298,6 +301,29 @@ def test_a_warmup_the_user_set_is_never_cut_and_a_shorter_run_cuts_the_default_a
     with pytest.raises(ConfigError, match=r"Use --warmup-steps 0 \(no warmup\), or a longer run"):
         check_warmup(parse_config(["--epochs", "1", "--warmup-steps", "5"], RECIPE.all_options(),
                                   prog="test"), 3)
+
+
+@pytest.mark.parametrize("argv, steps_per_epoch, refused", [
+    (["--warmup-steps", "0"], 100, r"--schedule inverse_sqrt peaks at the end of its warmup, so "
+                                   r"it needs --warmup-steps 1 or more, got 0: use --warmup-steps "
+                                   r"10, or another --schedule\."),
+    ([], 1, r"--schedule inverse_sqrt rises through its warmup \(at least 1 step\) and then "
+            r"decays, so it needs a run of at least 2 optimizer steps, but the run has 1 "
+            r"optimizer step\(s\) \(1 epoch\(s\) x 1 steps\)"),
+    (["--warmup-steps", "3"], 3, r"--warmup-steps 3 is not shorter than the run, which has 3 "
+                                 r"optimizer step\(s\) \(1 epoch\(s\) x 3 steps\)\. Use "
+                                 r"--warmup-steps 1, or a longer run"),
+])
+def test_inverse_sqrt_without_a_warmup_is_refused_naming_the_way_out(argv, steps_per_epoch,
+                                                                     refused):
+    from tfdist.recipes.preflight import check_warmup, fit_default_warmup
+    from tfdist.recipes.translation import RECIPE
+
+    config = parse_config(["--epochs", "1", *argv], RECIPE.all_options(), prog="test")
+    assert config.schedule == "inverse_sqrt"  # the translation recipe's default
+    fit_default_warmup(config, steps_per_epoch)
+    with pytest.raises(ConfigError, match=refused):
+        check_warmup(config, steps_per_epoch)
 
 
 REFUSED_BEFORE_TENSORFLOW = """

@@ -17,7 +17,8 @@ from tfdist.recipes.recipe_optimizer import optimizer_steps
 from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
 from tfdist.runtime.gpu_memory import check_allow_growth_env
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS,
-                                      SCHEDULES_SHAPED_BY_THE_RUN, moment_setting_fault)
+                                      SCHEDULES_NEEDING_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN,
+                                      moment_setting_fault)
 
 
 def check_optimizer_moments(config):
@@ -310,8 +311,9 @@ def check_skip_corrupt_records(config):
 
 def fit_default_warmup(config, steps_per_epoch):
     """Cuts the recipe's default warmup to a tenth of a run it would not end
-    before (and to what a schedule shaped by the run needs after it), and
-    says so in `config.warmup_cut` (`warmup_reason`). A warmup the user set
+    before (and to what a schedule shaped by the run needs after it; at
+    least 1 step for a schedule that peaks at the warmup's end,
+    `inverse_sqrt`), and says so in `config.warmup_cut` (`warmup_reason`). A warmup the user set
     (flag or `--config` file) is left as it is, for `check_warmup` to
     refuse. Called again with a shorter run, it cuts the default again.
 
@@ -335,8 +337,13 @@ def fit_default_warmup(config, steps_per_epoch):
         longest = total - MIN_STEPS_AFTER_WARMUP
     if default <= longest:
         return
-    config.warmup_steps = max(min(total // 10, longest), 0)
+    config.warmup_steps = max(min(total // 10, longest), _least_warmup(config))
     config.warmup_cut = (default, total)
+
+
+def _least_warmup(config):
+    """1 for a schedule that peaks at the end of its warmup, else 0."""
+    return 1 if getattr(config, "schedule", None) in SCHEDULES_NEEDING_WARMUP else 0
 
 
 def warmup_reason(config):
@@ -366,10 +373,11 @@ def describe_warmup(config):
     return f"{config.warmup_steps} warmup steps" + (f" ({reason})" if reason else "")
 
 
-def _shorter_warmup(total):
-    """The warmup `check_warmup` suggests for a run of `total` optimizer steps."""
-    if total // 10 == 0:
-        return "--warmup-steps 0 (no warmup)"
+def _shorter_warmup(total, least=0):
+    """The warmup `check_warmup` suggests for a run of `total` optimizer steps
+    (at least `least` steps)."""
+    if total // 10 <= least:
+        return f"--warmup-steps {least}" + (" (no warmup)" if least == 0 else "")
     return f"--warmup-steps {total // 10} (a tenth of the run) or fewer"
 
 
@@ -388,13 +396,27 @@ def check_warmup(config, steps_per_epoch):
     ConfigError: --warmup-steps 30 is not shorter than the run ...
     """
     total = optimizer_steps(config, steps_per_epoch)
+    schedule = getattr(config, "schedule", None)
+    run = (f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
+           + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
+           + ")")
+    least = _least_warmup(config)
+    if least and total <= least:
+        raise ConfigError(
+            f"--schedule {schedule} rises through its warmup (at least {least} step) and "
+            f"then decays, so it needs a run of at least {least + 1} optimizer steps, but the "
+            f"run has {run}: use a longer run (--epochs, --steps-per-epoch), or another "
+            "--schedule.")
+    if config.warmup_steps < least:
+        raise ConfigError(
+            f"--schedule {schedule} peaks at the end of its warmup, so it needs --warmup-steps "
+            f"{least} or more, got {config.warmup_steps}: use --warmup-steps "
+            f"{max(total // 10, least)}, or another --schedule.")
     if config.warmup_steps and config.warmup_steps >= total:
         raise ConfigError(
             f"--warmup-steps {config.warmup_steps} is not shorter than the run, which has "
-            f"{total} optimizer step(s) ({config.epochs} epoch(s) x {steps_per_epoch} steps"
-            + (f" / {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
-            + f"). Use {_shorter_warmup(total)}, or a longer run (--epochs, --steps-per-epoch).")
-    schedule = getattr(config, "schedule", None)
+            f"{run}. Use {_shorter_warmup(total, least)}, or a longer run (--epochs, "
+            "--steps-per-epoch).")
     if schedule in SCHEDULES_SHAPED_BY_THE_RUN and total - config.warmup_steps < MIN_STEPS_AFTER_WARMUP:
         fewer = total - MIN_STEPS_AFTER_WARMUP
         way_out = (f"use --warmup-steps {fewer} or fewer, or a longer run" if fewer >= 0

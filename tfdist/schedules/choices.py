@@ -58,6 +58,10 @@ SCHEDULES_SHAPED_BY_THE_RUN = ("step", "cosine_restarts")
 `step` decays at 50% and 75% of the steps after the warmup, `cosine_restarts`
 restarts after a quarter of them."""
 
+SCHEDULES_NEEDING_WARMUP = ("inverse_sqrt",)
+"""Schedules that peak at the end of the warmup and so need `warmup_steps >= 1`
+(`make_schedule` refuses 0), hence a run of at least 2 optimizer steps."""
+
 MIN_STEPS_AFTER_WARMUP = 4
 """Optimizer steps after the warmup that a `SCHEDULES_SHAPED_BY_THE_RUN`
 schedule needs (`build_optimizer` refuses a shorter run)."""

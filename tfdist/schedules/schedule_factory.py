@@ -7,7 +7,7 @@ from tfdist.schedules._checks import check_float
 from tfdist.schedules._checks import check_int
 from tfdist.schedules.constant import ConstantLearningRate
 from tfdist.schedules.inverse_sqrt import InverseSqrtDecay
-from tfdist.schedules.choices import SCHEDULE_NAMES
+from tfdist.schedules.choices import SCHEDULE_NAMES, SCHEDULES_NEEDING_WARMUP
 from tfdist.schedules.warmup import WARMUP_MODES
 from tfdist.schedules.warmup import WarmUp
 
@@ -204,7 +204,7 @@ def make_schedule(
     check_choice(_OWNER, "warmup_mode", warmup_mode, WARMUP_MODES)
 
     schedules = keras.optimizers.schedules
-    if key == "inverse_sqrt":
+    if key in SCHEDULES_NEEDING_WARMUP:
         if warmup_steps < 1:
             raise ValueError(
                 f"{_OWNER}: schedule 'inverse_sqrt' needs warmup_steps >= 1 (its "
