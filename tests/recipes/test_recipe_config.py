@@ -61,11 +61,35 @@ def test_unknown_yaml_key_lists_the_valid_ones(tmp_path):
     (["--gpu-memory", "all"], "gpu_memory must be growth (allocate as needed), preallocate"),
     (["--cluster-resolver", "k8s"],
      "flag --cluster-resolver: cluster_resolver='k8s' is not allowed. Choose one of: tf_config, slurm."),
+    (["--learning-rate", "0"], "flag --learning-rate: learning_rate must be > 0.0, got 0.0."),
+    (["--learning-rate", "nan"], "flag --learning-rate: learning_rate must be a finite number, got nan."),
+    (["--weight-decay", "inf"], "flag --weight-decay: weight_decay must be a finite number, got inf."),
+    (["--clip-norm", "0"], "flag --clip-norm: clip_norm must be > 0.0, got 0.0."),
+    (["--adam-epsilon", "0"], "flag --adam-epsilon: adam_epsilon must be > 0.0, got 0.0."),
+    (["--seed", "-1"], "flag --seed: seed must be >= 0, got -1."),
+    (["--seed", str(2 ** 32)], "flag --seed: seed must be <= 4294967295, got 4294967296."),
 ])
 def test_bad_flag_values_name_the_value(argv, fragment):
     with pytest.raises(ConfigError) as error:
         parse(argv)
     assert fragment in str(error.value)
+
+
+def test_the_largest_seed_is_accepted():
+    assert parse(["--seed", str(2 ** 32 - 1)]).seed == 2 ** 32 - 1
+
+
+def test_tfdist_autotune_sets_the_default_and_a_bad_value_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("TFDIST_AUTOTUNE", " Refresh ")
+    assert parse([]).autotune == "refresh"
+    assert parse(["--autotune", "off"]).autotune == "off"
+    monkeypatch.setenv("TFDIST_AUTOTUNE", "sometimes")
+    with pytest.raises(ConfigError, match=r"^\$TFDIST_AUTOTUNE: autotune='sometimes' is not "
+                                          r"allowed\. Choose one of: on, off, refresh\.$"):
+        parse([])
+    assert parse(["--autotune", "on"]).autotune == "on"  # the flag overrides the variable
+    monkeypatch.delenv("TFDIST_AUTOTUNE")
+    assert parse([]).autotune == "on"
 
 
 def test_bad_yaml_value_names_the_file(tmp_path):

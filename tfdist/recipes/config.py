@@ -14,12 +14,13 @@ Example:
 
 import argparse
 import dataclasses
+import math
 import os
 from typing import Callable
 
 import yaml
 
-from tfdist.autotune import AUTOTUNE_ENV, AUTOTUNE_MODES, CACHE_ENV, default_autotune_mode
+from tfdist.autotune import AUTOTUNE_ENV, AUTOTUNE_MODES, CACHE_ENV
 from tfdist.distribute.device_limits import MAX_DEVICES_PER_WORKER, check_device_count
 from tfdist.runtime.gpu_memory import DEFAULT_GPU_MEMORY, GPU_MEMORY_FORMS, check_gpu_memory
 from tfdist.precision import PRECISION_ALIASES, PRECISIONS, canonical_precision
@@ -34,6 +35,8 @@ SCHEDULES = SCHEDULE_NAMES
 """`--schedule` values: `tfdist.schedules.choices.SCHEDULE_NAMES`."""
 CLUSTER_RESOLVERS = CLUSTER_RESOLVER_NAMES
 """`--cluster-resolver` values: `tfdist.distribute.strategy_names.CLUSTER_RESOLVER_NAMES`."""
+MAX_SEED = 2 ** 32 - 1
+"""The largest `--seed` (NumPy's and tf.data's seeds are 32-bit)."""
 CONFIG_DIRS_ENV = "TFDIST_RECIPES_DIR"
 PACKAGED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -62,6 +65,10 @@ class Option:
         help: one sentence for `--help`.
         choices: the allowed values, or None for any value of `type`.
         minimum: the smallest allowed number, for `int`/`float` options.
+        above: a number the value must be above (excluded), for `float`
+            options that must be positive (`learning_rate`: above 0.0).
+        maximum: the largest allowed number, for `int`/`float` options.
+            A `float` option is always finite (no nan or inf).
         normalize: called with the converted value, returns the canonical
             one (e.g. an alias to its name) or raises `ValueError` with a
             message that teaches; None to keep the value.
@@ -71,6 +78,10 @@ class Option:
             the run is, what it learns or where it writes (epochs, seed,
             model_dir, ...), never how fast one training step runs: an
             autotune decision cached for one value is reused for another.
+        environment: an environment variable whose value, when set and not
+            empty, replaces `default` (checked as a flag's value is, and
+            refused naming the variable); a flag or the config file still
+            overrides it.
         for_datasets: the `--dataset` schemes whose data reads the option
             (`("embedded",)`), or None for every dataset. Set for another
             dataset, the option is refused before TensorFlow starts
@@ -88,9 +99,12 @@ class Option:
     help: str
     choices: tuple = None
     minimum: float = None
+    above: float = None
+    maximum: float = None
     normalize: Callable = None
     metavar: str = None
     changes_step_speed: bool = True
+    environment: str = None
     for_datasets: tuple = None
 
     @property
@@ -121,9 +135,17 @@ class Option:
             raise ConfigError(
                 f"{source}: {self.name}={value!r} is not allowed. Choose one of: "
                 f"{', '.join(map(str, self.choices))}.")
+        if self.type is float and not math.isfinite(value):
+            raise ConfigError(f"{source}: {self.name} must be a finite number, got {value!r}.")
         if self.minimum is not None and value < self.minimum:
             raise ConfigError(
                 f"{source}: {self.name} must be >= {self.minimum}, got {value!r}.")
+        if self.above is not None and not value > self.above:
+            raise ConfigError(
+                f"{source}: {self.name} must be > {self.above}, got {value!r}.")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(
+                f"{source}: {self.name} must be <= {self.maximum}, got {value!r}.")
         return value
 
 
@@ -172,14 +194,15 @@ COMMON_OPTIONS = [
            "else float32), float32, mixed_float16, mixed_bfloat16; aliases: "
            f"{', '.join(PRECISION_ALIASES)}.", choices=PRECISIONS, normalize=canonical_precision),
     Option("xla", str, "auto", "XLA compilation of the replica step: auto, on, off.", choices=XLA_MODES),
-    Option("autotune", str, default_autotune_mode(),
+    Option("autotune", str, "on",
            "How --precision auto / --xla auto decide: on (time the candidate settings on this "
            "model and batch for a few steps each and keep the fastest whose loss agrees with "
            "float32; the decision is cached per model, hardware, TensorFlow version and tfdist "
            "code), refresh (time them again, replacing a cached decision), off (fixed rules "
            "from the hardware). "
            f"Default: ${AUTOTUNE_ENV} when set, else on.", choices=AUTOTUNE_MODES,
-           normalize=lambda text: text.strip().lower(), changes_step_speed=False),
+           normalize=lambda text: text.strip().lower(), changes_step_speed=False,
+           environment=AUTOTUNE_ENV),
     Option("autotune_cache", str, None,
            f"File of cached autotune decisions (default: ${CACHE_ENV}, else "
            "~/.cache/tfdist/autotune.json).", changes_step_speed=False),
@@ -189,7 +212,7 @@ COMMON_OPTIONS = [
     Option("optimizer", str, "adamw",
            "Optimizer; adam and adamw are Keras's, each variable's update run as one "
            "TensorFlow kernel (ResourceApplyAdam).", choices=OPTIMIZERS),
-    Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", minimum=0.0,
+    Option("learning_rate", float, 1e-3, "Peak learning rate (after warmup).", above=0.0,
            changes_step_speed=False),
     Option("schedule", str, "cosine", "Learning-rate decay after warmup.", choices=SCHEDULES,
            changes_step_speed=False),
@@ -207,10 +230,10 @@ COMMON_OPTIONS = [
            changes_step_speed=False),
     Option("adam_epsilon", float, None,
            "Epsilon added to the second-moment root (adam, adamw, lamb; default Keras's 1e-7, "
-           "lamb's 1e-6; the Transformer paper's 1e-9).", minimum=0.0,
+           "lamb's 1e-6; the Transformer paper's 1e-9).", above=0.0,
            changes_step_speed=False),
     Option("clip_norm", float, None, "Clip gradients by their global norm across all replicas.",
-           minimum=0.0),
+           above=0.0),
     Option("grad_accum_steps", int, 1, "Micro-batches accumulated per optimizer step.", minimum=1),
     Option("model_parallel", int, 1,
            "Split the model's layers into K pipeline stages on K devices of every worker (K GPUs, "
@@ -256,7 +279,8 @@ COMMON_OPTIONS = [
            "learning-rate warmup); the last backup confirmed healthy is kept besides the "
            "--backup-keep newest, and a rerun resumes from it. 0 turns the check off.",
            normalize=lambda value: check_divergence_factor(value), changes_step_speed=False),
-    Option("seed", int, 42, "Random seed for weights and data order.", changes_step_speed=False),
+    Option("seed", int, 42, "Random seed for weights and data order.", minimum=0,
+           maximum=MAX_SEED, changes_step_speed=False),
     Option("deterministic", bool, False, "Deterministic data order and ops (slower)."),
     Option("verbose", int, None,
            "0: silent, 1: progress bar, 2: one line per epoch, 3: as 2 plus how the input is "
@@ -491,5 +515,9 @@ def parse_config(argv, options, prog, description="", epilog=None):
         if option.name in flags:
             values[option.name] = option.convert(flags[option.name], f"flag {option.flag}")
             from_flags.add(option.name)
+    for option in options:
+        setting = os.environ.get(option.environment, "") if option.environment else ""
+        if setting.strip() and option.name not in explicit | from_flags:
+            values[option.name] = option.convert(setting, f"${option.environment}")
     return argparse.Namespace(**values, config_file=config_file, explicit=explicit | from_flags,
                               from_flags=from_flags, print_config=print_config)

@@ -34,8 +34,13 @@ def _allowed(option):
         allowed = f"`{option.metavar}`"
     else:
         allowed = option.type.__name__
-        if option.minimum is not None:
-            allowed += f" >= {option.minimum}"
+        bounds = [f"{sign} {bound}" for sign, bound in
+                  ((">=", option.minimum), (">", option.above), ("<=", option.maximum))
+                  if bound is not None]
+        if bounds:
+            allowed += " " + ", ".join(bounds)
+        if option.type is float:
+            allowed += ", finite" if bounds else " (finite)"
     if option.for_datasets is not None:
         allowed += "; only with `--dataset` " + " or ".join(f"`{name}`" for name in option.for_datasets)
     return allowed
