@@ -229,6 +229,33 @@ def test_bad_arguments_fail_fast_with_the_bad_value(args, message):
     assert message in result.stdout
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["--quick", "--models", "transformer", "--max-replicas", "0", "--compare", "none", "--out"],
+     "report: error: --out"),
+    (["engine", "--quick", "--json-out"], "engine: error: --json-out"),
+    (["resume", "--quick", "--json-out"], "resume: error: --json-out"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, args, flag):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder\n")
+    path = str(blocker / "results" / "out.json")
+    result = _run(args + [path], timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert (f"tfdist bench {flag} {path}: cannot write there (Not a directory): name a folder "
+            "on a disk this user can write to.") in result.stdout
+    assert "Wrote" not in result.stdout and "round" not in result.stdout.lower()
+
+
+def test_prepare_output_file_creates_the_folder_and_refuses_a_folder(tmp_path):
+    from tfdist.bench.flags import prepare_output_file
+
+    prepare_output_file(str(tmp_path / "new" / "report.json"), "--json-out")
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "report.json").exists()
+    assert list((tmp_path / "new").iterdir()) == []  # the probe file is gone
+    with pytest.raises(ValueError, match=r"--json-out .*new: is a folder; name a file"):
+        prepare_output_file(str(tmp_path / "new"), "--json-out")
+
+
 def _scaling_result():
     from tfdist.bench.report import scaling_rows
 

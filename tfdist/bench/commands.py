@@ -218,9 +218,9 @@ def run_report_command(argv):
     >>> run_report_command(["--quick", "--out", "/tmp/bench"])  # doctest: +SKIP
     0
     """
-    from tfdist.bench.flags import refuse_token_flags_without_tokens
+    from tfdist.bench.flags import prepare_output_folder, refuse_token_flags_without_tokens
     from tfdist.bench.plot import MISSING_MATPLOTLIB, matplotlib_available
-    from tfdist.bench.run import ReportOptions, command_line, run_report
+    from tfdist.bench.run import ReportOptions, check_report_options, command_line, run_report
     from tfdist.bench.sweep import default_max_replicas
 
     args = report_parser().parse_args(argv)
@@ -239,8 +239,8 @@ def run_report_command(argv):
         sweep_repeats=args.sweep_repeats, profile=not args.no_profile,
         sequence_length=args.sequence_length, vocab_size=args.vocab_size, data=args.data,
         point_timeout=args.point_timeout, command=command_line(["report"] + list(argv)))
-    for model in options.models:
-        options.workload(model)  # validate sizes and data before any work
+    check_report_options(options)  # sizes, data and batches, before any work
+    prepare_output_folder(args.out, "--out")
     result = run_report(options)
     print(f"Wrote {', '.join(result['outputs'])}")
     failed = [f"{model} {row['replicas']}x{row['workers']}"

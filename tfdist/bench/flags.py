@@ -6,6 +6,8 @@
 """
 
 import argparse
+import os
+import tempfile
 
 from tfdist.runtime.argtypes import int_at_least
 from tfdist.runtime.tf_logging import add_tf_log_level_flag
@@ -80,7 +82,8 @@ def parse_quick(parser, argv, quick_values):
         quick_values: `{dest: value}` of the quick setting.
 
     Returns:
-        The parsed namespace.
+        The parsed namespace. A `--json-out` given has its folder created
+        (`prepare_output_file`) before the command does any work.
 
     Example:
 
@@ -104,7 +107,50 @@ def parse_quick(parser, argv, quick_values):
         for dest, value in quick_values.items():
             if dest not in defaults:
                 setattr(args, dest, value)
+    if getattr(args, "json_out", None):
+        prepare_output_file(args.json_out, "--json-out")
     return args
+
+
+def prepare_output_folder(path, flag):
+    """Creates the folder `path` that `flag` names and checks that a file can
+    be written in it, before any work: a benchmark that cannot write its
+    results stops at once, not after minutes of measuring.
+
+    Raises:
+        ValueError: naming the flag, the path and why (`tfdist bench` exits 2).
+
+    Example:
+
+    >>> prepare_output_folder("/proc/bench", "--out")
+    Traceback (most recent call last):
+    ValueError: --out /proc/bench: cannot write there (No such file or directory): ...
+    """
+    _make_writable_folder(path, f"{flag} {path}")
+
+
+def prepare_output_file(path, flag):
+    """`prepare_output_folder` for the folder of the file `path`; a folder at
+    `path` itself is refused.
+
+    Example:
+
+    >>> prepare_output_file("results/engine.json", "--json-out")  # creates results/
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a folder; name a file (e.g. {path}/report.json).")
+    _make_writable_folder(os.path.dirname(os.path.abspath(path)), f"{flag} {path}")
+
+
+def _make_writable_folder(folder, named):
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"{named}: cannot write there ({error.strerror or error}): name a folder on a disk "
+            "this user can write to.") from None
 
 
 TOKEN_FLAGS = (("--sequence-length", "sequence_length"), ("--vocab-size", "vocab_size"))

@@ -164,6 +164,30 @@ def machine_meta(command=""):
             "command": command}
 
 
+def check_report_options(options):
+    """Checks every model's workload and sweep batch of `options` before any work.
+
+    Raises:
+        ValueError: an unknown size or data, or a strong-scaling batch that
+            does not split over a sweep point's replicas.
+
+    Example:
+
+    >>> check_report_options(ReportOptions(sizes={"transformer": "huge"}))
+    Traceback (most recent call last):
+    ValueError: Unknown transformer size 'huge' ...
+    """
+    from tfdist.bench.sweep import global_batch_for, sweep_points
+
+    points = (sweep_points(options.max_replicas, max(options.max_workers, 1))
+              if options.max_replicas > 0 else [])
+    for model in options.models:
+        options.workload(model)
+        batch = options.batch_for(model)
+        for point in points:
+            global_batch_for(point, options.scaling, batch)
+
+
 def run_report(options, log=print):
     """Runs the sweep and comparisons of `options` and writes the outputs.
 
@@ -185,8 +209,9 @@ def run_report(options, log=print):
     from tfdist.bench.compare import format_comparison
     from tfdist.bench.peak import QUICK_SIZE, measure_matmul_peak
     from tfdist.bench.settings import TITLE, compare_settings
-    from tfdist.bench.sweep import global_batch_for, run_sweep, sweep_points
+    from tfdist.bench.sweep import run_sweep, sweep_points
 
+    check_report_options(options)
     monitor = LoadMonitor().start()
     quick = options.quick
     result = {"meta": machine_meta(options.command), "peaks": {}, "scaling": {},
@@ -197,8 +222,6 @@ def run_report(options, log=print):
         for model in options.models:
             workload = options.workload(model)
             batch = options.batch_for(model)
-            for point in points:
-                global_batch_for(point, options.scaling, batch)  # fail early on a bad batch
             log(f"Scaling sweep, {workload.label}, {options.scaling} scaling "
                 f"({'per-replica' if options.scaling == 'weak' else 'global'} batch {batch}):")
             sweeps[model] = run_sweep(
