@@ -234,6 +234,7 @@ def test_bad_arguments_fail_fast_with_the_bad_value(args, message):
      "report: error: --out"),
     (["engine", "--quick", "--json-out"], "engine: error: --json-out"),
     (["resume", "--quick", "--json-out"], "resume: error: --json-out"),
+    (["engine", "--quick", "--profile"], "engine: error: --profile"),
 ])
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, args, flag):
     blocker = tmp_path / "a_file"

@@ -274,10 +274,13 @@ def engine_args(argv):
     >>> args.batch, args.rounds, args.steps
     (8, 1, 5)
     """
-    from tfdist.bench.flags import parse_quick, refuse_token_flags_without_tokens
+    from tfdist.bench.flags import (parse_quick, prepare_output_folder,
+                                    refuse_token_flags_without_tokens)
 
     args = parse_quick(engine_parser(), argv, ENGINE_QUICK)
     refuse_token_flags_without_tokens(args, args.model == "transformer", args.data)
+    if args.profile:
+        prepare_output_folder(args.profile, "--profile")
     return args
 
 
