@@ -363,6 +363,8 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
     ("cnn", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--dataset", "text:only_one.de"], "--dataset: Dataset 'text:only_one.de'"),
+    ("transformer", ["--log-every", "5"],
+     "--log-every 5 writes into MODEL_DIR/tensorboard: add --model-dir DIR."),
     ("translation", ["--dataset", "text:absent.de,absent.en"],
      "--dataset text:absent.de,absent.en: absent.de does not exist on this machine."),
     ("transformer", ["--dataset", "text:/no/such/folder/*.txt"],

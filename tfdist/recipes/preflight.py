@@ -83,9 +83,7 @@ def check_before_tensorflow(recipe, config):
     check_skip_corrupt_records(config)
     check_dataset_paths(config)
     check_output_folders(config)
-    for flag, value in (("--profile-steps", config.profile_steps),):
-        if value is not None and not config.model_dir:
-            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
+    check_tensorboard_flags(config)
     check_backup_flags(config)
     check_autotune_flags(config)
     steps_per_epoch = config.steps_per_epoch
@@ -150,6 +148,29 @@ def readers(option):
     """
     *most, last = option.for_datasets
     return f"{', '.join(most)} and {last}" if most else last
+
+
+def check_tensorboard_flags(config):
+    """Refuses `--profile-steps`, and a `--log-every` given, for a run without
+    `--model-dir`: both write into MODEL_DIR/tensorboard.
+
+    Raises:
+        ConfigError: naming the flag and `--model-dir`.
+
+    Example:
+
+    >>> check_tensorboard_flags(parse_config(["--log-every", "10"], RECIPE.all_options(), "cnn"))
+    Traceback (most recent call last):
+    ConfigError: --log-every 10 writes into MODEL_DIR/tensorboard: add --model-dir DIR.
+    """
+    if config.model_dir:
+        return
+    given = [("--profile-steps", config.profile_steps)]
+    if "log_every" in getattr(config, "explicit", ()):
+        given.append(("--log-every", config.log_every))
+    for flag, value in given:
+        if value is not None:
+            raise ConfigError(f"{flag} {value} writes into MODEL_DIR/tensorboard: add --model-dir DIR.")
 
 
 def check_backup_flags(config):
