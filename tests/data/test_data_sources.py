@@ -233,6 +233,10 @@ def test_expand_files_sorts_and_names_missing_patterns(tmp_path):
         f"{tmp_path}/a.txt", f"{tmp_path}/b.txt")
     with pytest.raises(FileNotFoundError, match=r"No files match '.*/nothing-\*\.tfrecord'"):
         expand_files(f"{tmp_path}/*.txt,{tmp_path}/nothing-*.tfrecord")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"No files match '.*/folder/': it is a folder\. "
+                                                r"Name its files, e\.g\. .*/folder/\*\.$"):
+        expand_files(f"{tmp_path}/folder/")
 
 
 def test_make_source_maps_dataset_strings_to_sources(tmp_path):

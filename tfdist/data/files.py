@@ -49,6 +49,10 @@ def expand_files(patterns):
     for pattern in patterns:
         matches = [m for m in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(m)]
         if not matches:
+            if tf.io.gfile.isdir(pattern):
+                raise FileNotFoundError(
+                    f"No files match {pattern!r}: it is a folder. Name its files, e.g. "
+                    f"{pattern.rstrip('/')}/*.")
             raise FileNotFoundError(f"No files match {pattern!r}.")
         found.update(matches)
     return tuple(sorted(found))
