@@ -128,3 +128,11 @@ def test_steps_per_epoch_continues_the_data_and_restarts_when_it_runs_out():
         finite.fit(TRAIN, epochs=3, steps_per_epoch=3, verbose=0, callbacks=[recorder])
     batches = [e[1] for e in recorder.events if e[0] == "batch"]
     assert batches == [0, 1, 2, 0, 0, 1, 2]  # 4 batches: 3, then 1 and out, then a new pass
+
+
+def test_one_callback_not_in_a_list_is_taken_as_keras_fit_takes_it():
+    recorder = Recorder()
+    make_trainer().fit(TRAIN, epochs=2, callbacks=recorder, verbose=0)
+    assert [event for event in recorder.events if event[0] == "train_begin"] == [
+        ("train_begin", True)]
+    assert len(recorder.epoch_logs) == 2

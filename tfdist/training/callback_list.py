@@ -33,8 +33,9 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
     worker the list is used as given.
 
     Args:
-        callbacks: a list of `keras.callbacks.Callback`, a `CallbackList`
-            (returned unchanged: it is not made worker-safe), or None.
+        callbacks: a list of `keras.callbacks.Callback` (or one callback), a
+            `CallbackList` (returned unchanged: it is not made worker-safe),
+            or None.
         model: the `keras.Model` the callbacks see as `self.model`.
         strategy: the trainer's strategy (decides who shows the progress bar,
             and whether callbacks are made worker-safe).
@@ -56,6 +57,8 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
     """
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]  # one callback, as Keras's fit takes it
     if verbose not in ("auto", 0, 1, 2):
         raise ValueError(f"verbose must be one of 'auto', 0, 1, 2; got {verbose!r}.")
     if not is_chief(strategy):
