@@ -334,9 +334,10 @@ def fit_default_warmup(config, steps_per_epoch):
     """Cuts the recipe's default warmup to a tenth of a run it would not end
     before (and to what a schedule shaped by the run needs after it; at
     least 1 step for a schedule that peaks at the warmup's end,
-    `inverse_sqrt`), and says so in `config.warmup_cut` (`warmup_reason`). A warmup the user set
-    (flag or `--config` file) is left as it is, for `check_warmup` to
-    refuse. Called again with a shorter run, it cuts the default again.
+    `inverse_sqrt`), and says so in `config.warmup_cut` (`warmup_reason`).
+    A warmup the user set (flag or `--config` file) is left as it is, for
+    `check_warmup` to refuse. Called again with a shorter run, it cuts the
+    default again.
 
     Example:
 
