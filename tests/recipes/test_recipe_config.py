@@ -100,6 +100,18 @@ def test_bad_yaml_value_names_the_file(tmp_path):
     assert str(path) in str(error.value) and "tiny, base" in str(error.value)
 
 
+def test_an_empty_yaml_value_means_the_default_only_where_that_is_none(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("steps_per_epoch: null\nvalidation_steps:\n")
+    config = parse(["--config", str(path)])
+    assert (config.steps_per_epoch, config.validation_steps) == (None, None)
+    path.write_text("epochs:\n")
+    with pytest.raises(ConfigError, match=rf"^Config file {re.escape(str(path))}: epochs is empty "
+                                          r"\(null\), but it needs a value \(int; the default is "
+                                          r"1\): give one, or remove the line for the default\.$"):
+        parse(["--config", str(path)])
+
+
 def test_missing_config_says_where_it_looked():
     with pytest.raises(ConfigError) as error:
         find_config_file("no_such_recipe", search_dirs=["/nonexistent"])

@@ -396,7 +396,9 @@ def load_config_file(path, options):
 
     Raises:
         ConfigError: unreadable YAML, not a mapping, an unknown key (the
-            message lists the valid ones) or a bad value.
+            message lists the valid ones) or a bad value; an empty value
+            (`key:` or `key: null`) only for an option whose default is None
+            (there it means that default).
 
     Example:
 
@@ -420,7 +422,13 @@ def load_config_file(path, options):
         if name not in by_name:
             raise ConfigError(
                 f"Config file {path}: unknown option {key!r}. Valid options: {', '.join(sorted(by_name))}.")
-        values[name] = by_name[name].convert(value, f"config file {path}")
+        option = by_name[name]
+        if value is None and option.default is not None:
+            raise ConfigError(
+                f"Config file {path}: {key} is empty (null), but it needs a value "
+                f"({option.type.__name__}; the default is {option.default!r}): give one, or "
+                "remove the line for the default.")
+        values[name] = option.convert(value, f"config file {path}")
     return values
 
 
