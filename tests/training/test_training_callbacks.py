@@ -136,3 +136,16 @@ def test_one_callback_not_in_a_list_is_taken_as_keras_fit_takes_it():
     assert [event for event in recorder.events if event[0] == "train_begin"] == [
         ("train_begin", True)]
     assert len(recorder.epoch_logs) == 2
+
+
+def test_training_data_without_a_batch_warns_and_logs_no_training_figures():
+    """As Keras's fit: a warning, and no `loss` for an epoch that trained nothing
+    (not the metrics' initial zero)."""
+    recorder = Recorder()
+    trainer = make_trainer()
+    with pytest.warns(UserWarning, match=r"The training data gave no batch .* nothing was "
+                                         r"trained in this epoch"):
+        history = trainer.fit(TRAIN.take(0), epochs=2, verbose=0, callbacks=[recorder])
+    assert int(trainer.model.optimizer.iterations.numpy()) == 0
+    assert [sorted(logs) for logs in recorder.epoch_logs] == [["learning_rate"]] * 2
+    assert "loss" not in history.history

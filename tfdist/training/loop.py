@@ -63,6 +63,11 @@ def run_batches(function, iterator, steps, callback_list, mode, *, model, steps_
                     f"The input ran out of data after {step} of {steps} {mode} steps; "
                     "stopping this pass early. Make the dataset long enough "
                     "(e.g. .repeat()) or lower the number of steps.", stacklevel=3)
+            elif mode == "train" and step == 0:
+                warnings.warn(
+                    "The training data gave no batch (an empty dataset, or fewer examples than "
+                    "one global batch when the last partial batch is dropped): nothing was "
+                    "trained in this epoch. Give it at least one full batch.", stacklevel=3)
             break
         if mode == "train" and model.stop_training:
             break

@@ -589,8 +589,12 @@ class Trainer:
                 iterator = None  # the next epoch starts a new pass over the data
             position.epoch_finished = True
             position.iterator_continues = iterator is not None and steps_per_epoch is not None
-            epoch_logs = dict(logs if logs is not None
-                              else pythonify(self.model.get_metrics_result()))
+            if logs is not None:
+                epoch_logs = dict(logs)
+            elif first_step == 0:  # no batch in this epoch: no training figures, as in Keras
+                epoch_logs = {}
+            else:  # resumed at the epoch's end: the figures its backup restored
+                epoch_logs = pythonify(self.model.get_metrics_result())
             evaluate = None if val_data is None else (
                 lambda: run_evaluation(self.model, self._steps.test_function, val_data,
                                        validation_steps, callback_list,
