@@ -134,6 +134,38 @@ def test_main_exits_1_when_the_check_fails(monkeypatch, capsys):
     assert line == "FAILED: replica 1 all-reduced to [1.0], expected 3.0"
 
 
+def test_main_exits_1_naming_a_malformed_tf_config(monkeypatch, capsys):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}')
+    assert doctor.main(["--tf-log-level", "2", "--skip-allreduce"]) == 1
+    out, err = capsys.readouterr()
+    (row,) = re.findall(r"^  TF_CONFIG +(.*)$", out, re.MULTILINE)
+    assert row.startswith("malformed: TF_CONFIG") and "Every recipe refuses it (exit 2)" in row
+    assert err == f"tfdist doctor: {row[len('malformed: '):]}\n"
+
+
+@pytest.mark.parametrize("environ, rows", [
+    ({}, [("TF_CONFIG", "unset: this machine trains alone"), ("SLURM", "not in a SLURM job")]),
+    ({"TF_CONFIG": '{"cluster": {"chief": ["a:1"], "worker": ["b:2", "c:3"]}, '
+                   '"task": {"type": "worker", "index": 1}}',
+      "SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "3"},
+     [("TF_CONFIG", "chief: 1, worker: 2; this task: worker 1 at c:3"),
+      ("SLURM", "job 77, task 1 of 3 (read with --cluster-resolver slurm)")]),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}'},
+     [("TF_CONFIG", "worker: 2; this task: worker 0 at a:1, the chief"),
+      ("SLURM", "not in a SLURM job")]),
+])
+def test_cluster_rows_describe_tf_config_and_slurm(environ, rows):
+    assert doctor.cluster_rows(environ) == (rows, None)
+
+
+def test_cluster_rows_name_what_is_wrong_with_tf_config():
+    rows, problem = doctor.cluster_rows({"TF_CONFIG": "{not json"})
+    assert problem.startswith("TF_CONFIG is not valid JSON") and problem.endswith(
+        "Every recipe refuses it (exit 2): fix TF_CONFIG, or unset it to train on this "
+        "machine alone.")
+    assert rows[0] == ("TF_CONFIG", f"malformed: {problem}")
+
+
 # ---- the all-reduce check (in this process: conftest made 2 logical CPUs) ------------
 
 def test_allreduce_check_sums_the_replicas():

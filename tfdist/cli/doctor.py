@@ -352,6 +352,49 @@ class CheckResult:
     hung: bool = False
 
 
+def cluster_rows(environ=None):
+    """The "Cluster" section: what `TF_CONFIG` and SLURM tell this process.
+
+    Args:
+        environ: the environment (default `os.environ`).
+
+    Returns:
+        `(rows, problem)`: the `(label, value)` rows, and a line naming what
+        every recipe would refuse (a malformed `TF_CONFIG`), or None.
+
+    Example:
+
+    >>> cluster_rows({})
+    ([('TF_CONFIG', 'unset: this machine trains alone'), ('SLURM', 'not in a SLURM job')], None)
+    """
+    from tfdist.distribute.tf_config import TFConfigError, parse_tf_config
+
+    environ = os.environ if environ is None else environ
+    problem = None
+    try:
+        config = parse_tf_config(environ.get("TF_CONFIG", ""))
+    except TFConfigError as error:
+        problem = (f"{str(error).rstrip('.')}. Every recipe refuses it (exit 2): fix "
+                   "TF_CONFIG, or unset it to train on this machine alone.")
+        tf_config = f"malformed: {problem}"
+    else:
+        if config is None:
+            tf_config = "unset: this machine trains alone"
+        else:
+            tasks = ", ".join(f"{kind}: {len(addresses)}"
+                              for kind, addresses in config.cluster.items())
+            tf_config = (f"{tasks}; this task: {config.task_type} {config.task_index}"
+                         + (f" at {config.own_address}" if config.own_address else "")
+                         + (", the chief" if config.is_chief else ""))
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        slurm = (f"job {job}, task {environ.get('SLURM_PROCID', '?')} of "
+                 f"{environ.get('SLURM_NTASKS', '?')} (read with --cluster-resolver slurm)")
+    else:
+        slurm = "not in a SLURM job"
+    return [("TF_CONFIG", tf_config), ("SLURM", slurm)], problem
+
+
 def expected_sum(replicas):
     """The sum the check expects: replica i contributes i + 1.
 
@@ -515,8 +558,9 @@ def build_parser():
         prog="tfdist doctor",
         description="Show the tfdist, Python, TensorFlow and Keras versions, TensorFlow's build "
                     "(CUDA, cuDNN, NCCL), the devices, the CPU's feature flags, what "
-                    "--precision auto and --xla auto pick here, and check that a 2-replica "
-                    "MirroredStrategy all-reduce works (exit 1 when it does not).",
+                    "--precision auto and --xla auto pick here, the cluster TF_CONFIG and "
+                    "SLURM describe, and check that a 2-replica MirroredStrategy all-reduce "
+                    "works (exit 1 when it does not, or when TF_CONFIG is malformed).",
         epilog=f"Set ${CPU_FLAGS_ENV} (e.g. \"avx2 fma\") to see what auto would pick on "
                "another CPU.")
     add_tf_log_level_flag(parser)
@@ -527,6 +571,14 @@ def build_parser():
     return parser
 
 
+def _problem_code(problem):
+    """0, or 1 with `problem` on standard error."""
+    if problem is None:
+        return 0
+    print(f"tfdist doctor: {problem}", file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv=None):
     """Runs `tfdist doctor`; returns the exit code.
 
@@ -534,8 +586,8 @@ def main(argv=None):
         argv: the flags after `doctor` (default `sys.argv[1:]`).
 
     Returns:
-        0 when the all-reduce check passes or is skipped, 1 when it fails,
-        2 for a bad `$TF_CPP_MIN_LOG_LEVEL`.
+        0 when the all-reduce check passes or is skipped, 1 when it fails
+        or `TF_CONFIG` is malformed, 2 for a bad `$TF_CPP_MIN_LOG_LEVEL`.
 
     Example:
 
@@ -574,6 +626,7 @@ def main(argv=None):
     cnn_xla = leave_uncompiled_where_slower("auto", jit_compile, xla_reason,
                                             FUSED_BATCH_NORM_BEATS_XLA, on_gpu=bool(gpus))
 
+    cluster, cluster_problem = cluster_rows()
     versions = package_versions()
     distribution = installed_version(*TENSORFLOW_DISTRIBUTIONS)
     versions["TensorFlow"] = tf.__version__ + (
@@ -589,6 +642,7 @@ def main(argv=None):
                  ("oneDNN", describe_onednn()),
                  ("tensor memory", describe_cpu_allocator(cpu_allocator_in_use()))]),
         ("Auto choices", auto_rows(choice, jit_compile, xla_reason, cnn_xla)),
+        ("Cluster", cluster),
     ]
     check_section = "All-reduce check (MirroredStrategy, 2 replicas)"
     width = max(label_width(sections), len(ALLREDUCE_LABEL))
@@ -596,7 +650,7 @@ def main(argv=None):
     if args.skip_allreduce:
         print(format_report([(check_section, [(ALLREDUCE_LABEL, "skipped (--skip-allreduce)")])],
                             width), flush=True)
-        return 0
+        return _problem_code(cluster_problem)
     devices, where = check_devices(len(gpus), split)
     if split_error:
         result = CheckResult(False, CHECK_REPLICAS, expected_sum(CHECK_REPLICAS), where=where,
@@ -607,7 +661,7 @@ def main(argv=None):
     print(format_report([(check_section, [(ALLREDUCE_LABEL, format_check(result))])], width),
           flush=True)
     if result.ok:
-        return 0
+        return _problem_code(cluster_problem)
     if result.hung:
         # A collective that hangs keeps TensorFlow's threads busy; do not wait for them.
         sys.stderr.flush()
