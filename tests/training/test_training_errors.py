@@ -121,3 +121,13 @@ def test_unbuilt_model_is_built_inside_the_scope():
     assert all(strategy.extended.variable_created_in_scope(v.value) for v in model.variables)
     assert all(isinstance(v.value, tf.distribute.DistributedValues)
                for v in model.trainable_variables)
+
+
+def test_validation_steps_without_validation_data_warns_naming_it():
+    """Keras's fit ignores it silently; the Trainer runs the fit and says so."""
+    strategy = common.mirrored(2)
+    trainer = Trainer(common.dense_model(strategy), sgd_in(strategy), "mse", strategy=strategy)
+    with pytest.warns(UserWarning, match=r"^validation_steps=2 has no effect: this fit has no "
+                                         r"validation data\. Pass validation_data="):
+        history = trainer.fit(DATA, epochs=1, validation_steps=2, verbose=0)
+    assert "loss" in history.history and "val_loss" not in history.history

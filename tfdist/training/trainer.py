@@ -9,6 +9,7 @@ that callbacks use is `tfdist.training.resume`.
 
 import collections
 import contextlib
+import warnings
 
 import keras
 import tensorflow as tf
@@ -391,6 +392,9 @@ class Trainer:
             self.strategy, x, y, batch_size=batch_size, sample_weight=sample_weight,
             class_weight=class_weight, shuffle=shuffle, validation_split=validation_split,
             validation_data=validation_data, validation_batch_size=validation_batch_size)
+        if validation is None:
+            _warn_unused_validation_arguments(validation_steps=validation_steps,
+                                              validation_batch_size=validation_batch_size)
         data = distribute(self.strategy, train, "x")
         val_data = (None if validation is None
                     else distribute(self.strategy, validation, "validation_data"))
@@ -830,6 +834,17 @@ def _refuse_array_arguments(method, **given):
             "parameter_server, where every worker reads its own dataset: pass x as a "
             "tf.data.Dataset of batches (or a function input_context -> dataset) that "
             "carries targets, weights and shuffling itself, with steps_per_epoch for fit.")
+
+
+def _warn_unused_validation_arguments(**arguments):
+    """Warns about validation arguments given to a `fit` without validation data
+    (Keras's `fit` ignores them silently)."""
+    given = [f"{name}={value!r}" for name, value in arguments.items() if value is not None]
+    if given:
+        warnings.warn(
+            f"{', '.join(given)} has no effect: this fit has no validation data. Pass "
+            "validation_data= (or validation_split= with arrays), or drop the argument.",
+            UserWarning, stacklevel=3)
 
 
 def _check_positive_int(name, value, allow_zero=False):
