@@ -339,6 +339,26 @@ def test_a_warmup_the_user_set_is_never_cut_and_a_shorter_run_cuts_the_default_a
                                   prog="test"), 3)
 
 
+@pytest.mark.parametrize("epochs, steps_per_epoch, every, refused", [
+    (1, 8, 4, None),
+    (2, 3, 2, None),  # 6 batches: an update straddles the epoch end, none is left over
+    (3, 3, 2, "the run's 9 batches (3 epoch(s) x 3) are not a multiple of it, so the last 1 "
+              "would be trained and never applied. Use --steps-per-epoch 2 or 4"),
+    (1, 3, 4, "the run's 3 batches (1 epoch(s) x 3) are not a multiple of it, so the last 3 "
+              "would be trained and never applied. Use --steps-per-epoch 4 (a multiple of 4)."),
+])
+def test_accumulation_that_would_leave_batches_unapplied_is_refused(epochs, steps_per_epoch,
+                                                                    every, refused):
+    from tfdist.recipes.preflight import check_accumulation
+
+    config = parse(["--epochs", str(epochs), "--grad-accum-steps", str(every)])
+    if refused is None:
+        check_accumulation(config, steps_per_epoch)
+        return
+    with pytest.raises(ConfigError, match=re.escape(f"--grad-accum-steps {every}: {refused}")):
+        check_accumulation(config, steps_per_epoch)
+
+
 @pytest.mark.parametrize("argv, steps_per_epoch, refused", [
     (["--warmup-steps", "0"], 100, r"--schedule inverse_sqrt peaks at the end of its warmup, so "
                                    r"it needs --warmup-steps 1 or more, got 0: use --warmup-steps "
@@ -375,6 +395,10 @@ print("exit", code, "tensorflow imported:", "tensorflow" in sys.modules)
     ("cnn", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--steps-per-epoch", "3", "--warmup-steps", "50"], "--warmup-steps 50"),
     ("translation", ["--dataset", "text:only_one.de"], "--dataset: Dataset 'text:only_one.de'"),
+    ("transformer", ["--epochs", "1", "--steps-per-epoch", "6", "--grad-accum-steps", "4"],
+     "--grad-accum-steps 4: the run's 6 batches (1 epoch(s) x 6) are not a multiple of it, so "
+     "the last 2 would be trained and never applied. Use --steps-per-epoch 4 or 8 (a multiple "
+     "of 4)."),
     ("transformer", ["--log-every", "5"],
      "--log-every 5 writes into MODEL_DIR/tensorboard: add --model-dir DIR."),
     ("translation", ["--dataset", "text:absent.de,absent.en"],

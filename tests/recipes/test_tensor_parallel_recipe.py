@@ -66,7 +66,7 @@ def test_transformer_split_runs_bfloat16_with_accumulation(capsys, mixed_bfloat1
     `mixed_bfloat16` fixture puts the global policy back afterwards (the recipe sets it)."""
     flags = [flag for flag in SHORT if flag not in ("--precision", "float32")]
     assert transformer.main([*flags, "--precision", "bf16", "--grad-accum-steps", "2",
-                             "--tensor-parallel", "2"]) == 0
+                             "--steps-per-epoch", "4", "--tensor-parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "mixed_bfloat16" in out and "(8 layers split)" in out, out
     losses = [float(figure) for figure in re.findall(r"(?<!val_)loss: ([0-9.]+)", out)]

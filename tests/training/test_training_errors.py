@@ -1,5 +1,7 @@
 """Teaching errors for what the distributed step cannot do correctly."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -131,3 +133,20 @@ def test_validation_steps_without_validation_data_warns_naming_it():
                                          r"validation data\. Pass validation_data="):
         history = trainer.fit(DATA, epochs=1, validation_steps=2, verbose=0)
     assert "loss" in history.history and "val_loss" not in history.history
+
+
+def test_a_fit_that_ends_inside_an_accumulation_warns_and_the_next_fit_adds_to_it():
+    strategy = common.mirrored(2)
+    trainer = Trainer(common.dense_model(strategy), sgd_in(strategy), "mse", strategy=strategy,
+                      grad_accum_steps=4)
+    data = DATA.repeat()
+    with pytest.warns(UserWarning, match=r"^fit ended between two optimizer updates "
+                                         r"\(grad_accum_steps=4\): the gradients of the "
+                                         r"micro-batches since the last update are held"):
+        trainer.fit(data, epochs=1, steps_per_epoch=6, verbose=0)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(data, epochs=1, steps_per_epoch=2, verbose=0)  # 8 micro-batches in all
+    assert int(trainer.model.optimizer.iterations.numpy()) == 2
+    assert not [w for w in caught if "between two optimizer updates" in str(w.message)]

@@ -185,7 +185,8 @@ COMMON_OPTIONS = [
            "Examples per step across all replicas; must divide evenly by the replica count.", minimum=1),
     Option("epochs", int, 1, "Number of epochs.", minimum=1, changes_step_speed=False),
     Option("steps_per_epoch", int, None,
-           "Optimizer steps per epoch (default: one pass over the training data).", minimum=1,
+           "Batches per epoch (optimizer steps times --grad-accum-steps; default: one pass over "
+           "the training data).", minimum=1,
            changes_step_speed=False),
     Option("validation_steps", int, None, "Validation steps after each epoch (default: the whole split).",
            minimum=1, changes_step_speed=False),

@@ -92,6 +92,7 @@ def check_before_tensorflow(recipe, config):
         if examples is not None:
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
+        check_accumulation(config, steps_per_epoch)
         fit_default_warmup(config, steps_per_epoch)
         check_warmup(config, steps_per_epoch)
 
@@ -328,6 +329,34 @@ def check_skip_corrupt_records(config):
         f"--skip-corrupt-records applies to TFRecord data ({', '.join(s + ':GLOB' for s in TFRECORD_SCHEMES)}),"
         f" but this run reads only {' and '.join(map(repr, specs)) or 'no dataset'}: there are no "
         "records to skip. Drop the flag.")
+
+
+def check_accumulation(config, steps_per_epoch):
+    """Refuses a `--grad-accum-steps K` run whose batches (epochs x steps per
+    epoch) are not a multiple of K: its last batches would be trained, their
+    gradients summed, and never applied.
+
+    Raises:
+        ConfigError: naming the flag, the run's batches and steps per epoch
+            that fit.
+
+    Example:
+
+    >>> check_accumulation(argparse.Namespace(grad_accum_steps=4, epochs=1), 6)
+    Traceback (most recent call last):
+    ConfigError: --grad-accum-steps 4: the run's 6 batches (1 epoch(s) x 6) are not ...
+    """
+    every = config.grad_accum_steps
+    batches = config.epochs * steps_per_epoch
+    if every <= 1 or batches % every == 0:
+        return
+    fits = sorted({multiple for multiple in (steps_per_epoch // every * every,
+                                              -(-steps_per_epoch // every) * every) if multiple})
+    raise ConfigError(
+        f"--grad-accum-steps {every}: the run's {batches} batches ({config.epochs} epoch(s) x "
+        f"{steps_per_epoch}) are not a multiple of it, so the last {batches % every} would be "
+        "trained and never applied. Use --steps-per-epoch "
+        + " or ".join(map(str, fits)) + f" (a multiple of {every}).")
 
 
 def fit_default_warmup(config, steps_per_epoch):

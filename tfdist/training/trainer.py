@@ -424,6 +424,13 @@ class Trainer:
         if epochs > initial_epoch and self.optimizer is not None:
             # Copies moving averages into the model when the optimizer keeps them.
             self.optimizer.finalize_variable_values(self.model.trainable_variables)
+        if not self._update_boundary():
+            warnings.warn(
+                f"fit ended between two optimizer updates (grad_accum_steps="
+                f"{self.grad_accum_steps}): the gradients of the micro-batches since the last "
+                "update are held, not applied; a next fit of this Trainer adds to them. To end "
+                f"on an update, train a multiple of {self.grad_accum_steps} batches "
+                "(steps_per_epoch x epochs).", UserWarning, stacklevel=2)
         callback_list.on_train_end(logs=training_logs)
         self.gathered_model()
         return getattr(self.model, "history", None)
