@@ -313,7 +313,8 @@ def test_the_recipes_default_warmup_is_cut_to_fit_a_shorter_run(argv, steps_per_
     fit_default_warmup(config, steps_per_epoch)
     assert (config.warmup_steps, warmup_reason(config)) == (warmup, reason)
     check_warmup(config, steps_per_epoch)  # what is left passes
-    assert describe_warmup(config) == f"{warmup} warmup steps" + (f" ({reason})" if reason else "")
+    assert describe_warmup(config) == (f"{warmup} warmup {'step' if warmup == 1 else 'steps'}"
+                                       + (f" ({reason})" if reason else ""))
 
 
 def test_a_warmup_the_user_set_is_never_cut_and_a_shorter_run_cuts_the_default_again(tmp_path):

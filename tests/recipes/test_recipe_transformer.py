@@ -396,7 +396,7 @@ def test_a_short_run_says_how_many_passes_it_repeats_and_how_it_cut_the_default_
     result = run_recipe("transformer", args, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
     reason = "the recipe's default 30, cut to fit this 10-step run"
-    assert f"cosine schedule, 1 warmup steps ({reason})" in result.stdout, result.stdout[-3000:]
+    assert f"cosine schedule, 1 warmup step ({reason})" in result.stdout, result.stdout[-3000:]
     record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert (record["options"]["warmup_steps"], record["resolved"]["warmup_steps"]) == (1, reason)
     said = [line for line in result.stdout.splitlines() if "passes over the" in line]

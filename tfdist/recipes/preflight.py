@@ -421,7 +421,8 @@ def describe_warmup(config):
     "2 warmup steps (the recipe's default 30, cut to fit this 20-step run)"
     """
     reason = warmup_reason(config)
-    return f"{config.warmup_steps} warmup steps" + (f" ({reason})" if reason else "")
+    steps = "step" if config.warmup_steps == 1 else "steps"
+    return f"{config.warmup_steps} warmup {steps}" + (f" ({reason})" if reason else "")
 
 
 def _shorter_warmup(total, least=0):
