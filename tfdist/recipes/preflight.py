@@ -92,9 +92,25 @@ def check_before_tensorflow(recipe, config):
         if examples is not None:
             steps_per_epoch = max(examples // config.global_batch_size, 1)
     if steps_per_epoch is not None:
-        check_accumulation(config, steps_per_epoch)
-        fit_default_warmup(config, steps_per_epoch)
-        check_warmup(config, steps_per_epoch)
+        settle_run_length(config, steps_per_epoch)
+
+
+def settle_run_length(config, steps_per_epoch):
+    """The checks and the warmup cut that the run's length decides, for
+    `steps_per_epoch` batches an epoch: `check_accumulation`,
+    `fit_default_warmup`, `check_warmup`. Called before TensorFlow with the
+    length the flags give, and again once the data is read.
+
+    Raises:
+        ConfigError: from the checks, naming the flag and the way out.
+
+    Example:
+
+    >>> settle_run_length(parse_config(["--epochs", "1"], RECIPE.all_options(), "demo"), 20)
+    """
+    check_accumulation(config, steps_per_epoch)
+    fit_default_warmup(config, steps_per_epoch)
+    check_warmup(config, steps_per_epoch)
 
 
 def check_options_for_the_dataset(options, config):

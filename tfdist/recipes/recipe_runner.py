@@ -34,8 +34,7 @@ from tfdist.recipes.tensor_parallel_flags import (check_resume_degree, prepare_s
                                                   prepare_tensor_parallel_devices,
                                                   tensor_parallel_block)
 from tfdist.recipes.tensor_parallel_flags import trainer_arguments as tensor_parallel_arguments
-from tfdist.recipes.preflight import (check_accumulation, check_before_tensorflow,
-                                      check_warmup, fit_default_warmup, warmup_reason)
+from tfdist.recipes.preflight import check_before_tensorflow, settle_run_length, warmup_reason
 from tfdist.recipes.recipe_optimizer import build_recipe_optimizer, optimizer_steps
 from tfdist.recipes.record import (RunHistory, changed_keys, config_values, describe_changes,
                                    read_record, render_record, settle_record, write_record,
@@ -449,9 +448,7 @@ def _train(recipe, config, where):
             f"--global-batch-size {config.global_batch_size} does not divide evenly over "
             f"{info.num_replicas} replicas; use a multiple of {info.num_replicas}.")
     steps_per_epoch = config.steps_per_epoch or _steps_in(data.train, config.global_batch_size)
-    check_accumulation(config, steps_per_epoch)
-    fit_default_warmup(config, steps_per_epoch)
-    check_warmup(config, steps_per_epoch)
+    settle_run_length(config, steps_per_epoch)
     if config.steps_per_epoch and info.is_chief:
         repeats = describe_epoch_passes(data.train, config.global_batch_size, steps_per_epoch)
         if repeats:
