@@ -17,15 +17,7 @@ Example:
 import dataclasses
 from typing import Callable
 
-SYNC_BN_XLA_BLOCKER = ("synchronised batch norm all-reduces inside the model, which an "
-                       "XLA-compiled replica step cannot hold")
-"""Why a ResNet with synchronised batch norm cannot be XLA-compiled."""
-
-FUSED_BATCH_NORM_BEATS_XLA = ("the ResNet's fused batch-norm kernels run its step faster than "
-                              "XLA compiles it on CPUs")
-"""Why `--xla auto` leaves a ResNet's step uncompiled on CPUs: with its batch norms
-as TensorFlow's fused kernels (`FusedBatchNormalization`), the `resnet_tiny` step
-ran 1.9x (float32) faster without XLA than with it on an AMX Xeon."""
+from tfdist.xla import FUSED_BATCH_NORM_BEATS_XLA, SYNC_BN_XLA_BLOCKER
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ import sys
 from tfdist.recipes.config import Option
 from tfdist.recipes.recipe_runner import Recipe
 from tfdist.recipes.recipe_types import RecipeData
+from tfdist.xla import FUSED_BATCH_NORM_BEATS_XLA, SYNC_BN_XLA_BLOCKER
 
 MODELS = ("resnet_tiny", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -124,8 +125,6 @@ def xla_blocker(config):
     'synchronised batch norm all-reduces inside the model, ...'
     """
     if config.sync_bn:
-        from tfdist.models.builders import SYNC_BN_XLA_BLOCKER
-
         return SYNC_BN_XLA_BLOCKER
     return None
 
@@ -140,8 +139,6 @@ def xla_slower_on_cpu(config):
     """
     if config.sync_bn:
         return None  # synchronised batch norm is not fused, and blocks XLA anyway
-    from tfdist.models.builders import FUSED_BATCH_NORM_BEATS_XLA
-
     return FUSED_BATCH_NORM_BEATS_XLA
 
 
