@@ -149,7 +149,14 @@ def gpu_descriptions():
 
     >>> gpu_descriptions()  # on a machine without GPUs
     []
+
+    Where no GPU can be present (`tfdist.runtime.gpu_presence`), TensorFlow is
+    not asked, so a preview of the `auto` rules need not import it.
     """
+    from tfdist.runtime.gpu_presence import gpus_certainly_absent
+
+    if gpus_certainly_absent():
+        return []
     import tensorflow as tf
 
     descriptions = []

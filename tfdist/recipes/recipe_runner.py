@@ -334,13 +334,15 @@ def _cluster_lost(prog, error, where, what):
 
 
 def _print_config(recipe, config):
-    """`--print-config`: the options and what `auto` resolves to here, as YAML."""
-    from tfdist.runtime.tf_logging import import_tensorflow
+    """`--print-config`: the options and what `auto` resolves to here, as YAML.
 
-    import_tensorflow(config.tf_log_level)  # to ask for GPUs, quietly
-    from tfdist.distribute.devices import gpu_count
+    TensorFlow is imported only to count GPUs where some may be present
+    (`tfdist.runtime.gpu_presence`): on a machine without any, the preview
+    takes a fraction of a second.
+    """
+    from tfdist.runtime.gpu_presence import gpus_certainly_absent
 
-    gpus = gpu_count()
+    gpus = 0 if gpus_certainly_absent() else _gpus_from_tensorflow(config.tf_log_level)
     precision, jit_compile, xla_reason = rule_choices(recipe, config, on_gpu=gpus > 0)
     resolved = {"precision": precision.policy, "precision_reason": precision.reason,
                 "xla": jit_compile, "xla_reason": xla_reason,
@@ -355,6 +357,16 @@ def _print_config(recipe, config):
     print(render_record(config_values(config, recipe.all_options()), resolved, config.config_file),
           end="")
     return exit_codes.FINISHED
+
+
+def _gpus_from_tensorflow(tf_log_level):
+    """The GPUs TensorFlow sees, imported quietly at `tf_log_level`."""
+    from tfdist.runtime.tf_logging import import_tensorflow
+
+    import_tensorflow(tf_log_level)
+    from tfdist.distribute.devices import gpu_count
+
+    return gpu_count()
 
 
 def _serving_task(config):
