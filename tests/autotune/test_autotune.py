@@ -126,6 +126,10 @@ def test_the_cache_path_and_the_mode_come_from_the_environment(tmp_path):
     assert default_cache_path({"TFDIST_AUTOTUNE_CACHE": str(tmp_path / "a.json")}) == str(
         tmp_path / "a.json")
     assert default_autotune_mode({"TFDIST_AUTOTUNE": "refresh"}) == "refresh"
+    assert default_autotune_mode({"TFDIST_AUTOTUNE": "  "}) == "on"
+    with pytest.raises(ValueError, match=r"\$TFDIST_AUTOTUNE='bogus' is not allowed\. Choose one "
+                                         r"of: on, off, refresh, or unset it \(on\)\."):
+        default_autotune_mode({"TFDIST_AUTOTUNE": "bogus"})
 
 
 def test_the_cache_keeps_decisions_per_key_in_one_json_file(tmp_path):

@@ -18,8 +18,14 @@ more than the step, as in a test suite)."""
 def default_autotune_mode(environ=None):
     """`--autotune`'s default: `$TFDIST_AUTOTUNE` when set, else "on".
 
+    The value is read as the recipes read it (case and surrounding blanks do not
+    matter, blank is unset) and checked the same way.
+
     Args:
         environ: the environment (default `os.environ`).
+
+    Raises:
+        ValueError: `$TFDIST_AUTOTUNE` is not one of `AUTOTUNE_MODES`.
 
     Example:
 
@@ -29,7 +35,11 @@ def default_autotune_mode(environ=None):
     'on'
     """
     environ = os.environ if environ is None else environ
-    return (environ.get(AUTOTUNE_ENV) or "on").strip().lower()
+    mode = (environ.get(AUTOTUNE_ENV) or "").strip().lower() or "on"
+    if mode not in AUTOTUNE_MODES:
+        raise ValueError(f"${AUTOTUNE_ENV}={environ[AUTOTUNE_ENV]!r} is not allowed. Choose one "
+                         f"of: {', '.join(AUTOTUNE_MODES)}, or unset it (on).")
+    return mode
 
 
 def why_flags_rule_out_a_trial(autotune, precision, xla):
