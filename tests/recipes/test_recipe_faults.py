@@ -214,6 +214,39 @@ def test_a_model_dir_that_is_a_file_or_under_one_exits_2_with_one_line(tmp_path)
     assert notes.read_text() == "mine\n"
 
 
+def test_a_file_where_the_run_keeps_its_backups_exits_2_naming_it_and_keeps_the_file(tmp_path):
+    """It was a TensorFlow traceback (FailedPreconditionError) at the first backup."""
+    (tmp_path / "backup").write_text("mine\n")
+    result = run_recipe("transformer", [*TINY, "--model-dir", str(tmp_path)], timeout=60)
+    assert result.returncode == exit_codes.BAD_INPUT, result.stdout[-3000:]
+    no_traceback(result.stdout)
+    assert (f"{PROG}: error: --model-dir {tmp_path}: {tmp_path / 'backup'} is a file, but the run "
+            "keeps a folder of that name there (backup/); move the file away or name another "
+            "--model-dir.") in result.stdout, result.stdout[-3000:]
+    assert (tmp_path / "backup").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("name, make", [
+    ("backup", "file"), ("checkpoints", "file"), ("tensorboard", "file"), ("runs", "file"),
+    ("errors", "file"), ("config.yaml", "folder"), ("training_log.csv", "folder")])
+def test_each_entry_of_the_model_dir_in_the_way_is_refused_before_tensorflow(tmp_path, name, make):
+    import argparse
+
+    from tfdist.recipes.config import ConfigError
+    from tfdist.recipes.preflight import check_output_folders
+
+    if make == "file":
+        (tmp_path / name).write_text("x")
+    else:
+        (tmp_path / name).mkdir()
+    config = argparse.Namespace(model_dir=str(tmp_path), backup_dir=None)
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path / name))} is a {make}, but "):
+        check_output_folders(config)
+    if name == "backup":  # backups kept elsewhere: the file is not in the way
+        check_output_folders(argparse.Namespace(model_dir=str(tmp_path),
+                                                backup_dir=str(tmp_path / "elsewhere")))
+
+
 def test_a_model_dir_that_cannot_be_created_exits_2_with_one_line_naming_the_flag():
     """/proc takes no new folder, whoever asks (the kernel's ENOENT)."""
     result = run_recipe("transformer", [*TINY, "--model-dir", "/proc/tfdist-run"], timeout=60)

@@ -14,6 +14,7 @@ from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme, missing_local_pa
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
+from tfdist.recipes.record import HISTORY_DIR, RECORD_FILE
 from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
 from tfdist.runtime.gpu_memory import check_allow_growth_env
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS,
@@ -298,8 +299,18 @@ def check_cluster_resolver(config):
         "--strategy multi_worker_mirrored (or auto), or drop --cluster-resolver.")
 
 
+MODEL_DIR_FOLDERS = ("backup", "checkpoints", "tensorboard", HISTORY_DIR, "errors")
+"""The folders a run keeps in its --model-dir (`backup` unless --backup-dir names
+another place; `checkpoints` and `tensorboard` from `tfdist.callbacks.make_logging_callbacks`;
+`runs` from the record; `errors` from `tfdist.recipes.run_report.save_full_error`)."""
+MODEL_DIR_FILES = (RECORD_FILE, "training_log.csv")
+"""The files a run writes in its --model-dir."""
+
+
 def check_output_folders(config):
-    """Refuses a --model-dir or --backup-dir that names something other than a folder.
+    """Refuses a --model-dir or --backup-dir that names something other than a folder,
+    and a --model-dir where a file stands in place of a folder the run keeps there
+    (`MODEL_DIR_FOLDERS`) or a folder in place of one of its files (`MODEL_DIR_FILES`).
 
     Raises:
         ConfigError: naming the flag, the path and the way out.
@@ -321,6 +332,25 @@ def check_output_folders(config):
         if parent and not os.path.isdir(parent):
             raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
                               "whose parents are folders.")
+    if config.model_dir and os.path.isdir(config.model_dir):
+        _check_model_dir_entries(config.model_dir, own_backup=not getattr(config, "backup_dir", None))
+
+
+def _check_model_dir_entries(model_dir, own_backup):
+    """Refuses a file where the run keeps a folder in `model_dir`, or a folder where it
+    writes a file (found before TensorFlow starts, not at the first backup)."""
+    for name in MODEL_DIR_FOLDERS:
+        path = os.path.join(model_dir, name)
+        if (name != "backup" or own_backup) and os.path.lexists(path) and not os.path.isdir(path):
+            raise ConfigError(f"--model-dir {model_dir}: {path} is a file, but the run keeps a "
+                              f"folder of that name there ({name}/); move the file away or name "
+                              "another --model-dir.")
+    for name in MODEL_DIR_FILES:
+        path = os.path.join(model_dir, name)
+        if os.path.isdir(path):
+            raise ConfigError(f"--model-dir {model_dir}: {path} is a folder, but the run writes "
+                              "a file of that name there; move the folder away or name another "
+                              "--model-dir.")
 
 
 def check_skip_corrupt_records(config):
