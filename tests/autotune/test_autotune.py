@@ -14,6 +14,7 @@ from tfdist.autotune import (Candidate, CandidateTiming, DecisionCache, candidat
                              candidate_precisions, choose, default_autotune_mode,
                              default_cache_path, format_decision, hardware_signature, loss_agrees,
                              run_trial, signature_key)
+from tfdist.autotune.cache import cache_problem
 from tfdist.autotune.trial import steps_per_round
 from tfdist.recipes.auto_choices import skip_reason
 from tfdist.training import Trainer
@@ -145,21 +146,57 @@ def test_the_cache_keeps_decisions_per_key_in_one_json_file(tmp_path):
     assert [name for name in os.listdir(path.parent)] == ["autotune.json"]  # no temp left
 
 
-def test_an_unreadable_cache_is_reported_and_replaced(tmp_path, caplog):
-    path = tmp_path / "autotune.json"
-    path.write_text("{half a fi")
+@pytest.mark.parametrize("content, problem", [
+    ("{half a fi", "it is not JSON"),
+    ('{"epochs": 3}', "it holds JSON that is not a tfdist autotune cache"),
+    ("[1, 2]", "it holds JSON that is not a tfdist autotune cache"),
+], ids=["not-json", "other-json", "a-list"])
+def test_a_named_file_that_is_no_cache_is_reported_once_and_left_as_it_is(tmp_path, caplog,
+                                                                          content, problem):
+    path = tmp_path / "results.json"  # a mistyped --autotune-cache
+    path.write_text(content)
     cache = DecisionCache(str(path))
     with caplog.at_level("WARNING", logger="tfdist"):
         assert cache.get("a") is None
-    assert "cannot be read" in caplog.text and str(path) in caplog.text
-    assert cache.put("a", {"choice": {}})
+        assert cache.put("a", {"choice": {}}) is False
+    assert path.read_text() == content
+    assert caplog.text.count("is not usable") == 1, caplog.text
+    assert f"{path} is not usable ({problem}" in caplog.text and "left as it is" in caplog.text
+    assert cache_problem(str(path)).startswith(problem)
+    assert cache_problem(str(tmp_path)) == "it is a folder, not a file"
+    assert cache_problem(str(tmp_path / "new.json")) is None
+
+
+def test_the_default_cache_unreadable_is_replaced_and_another_versions_too(tmp_path, caplog,
+                                                                           monkeypatch):
+    monkeypatch.delenv("TFDIST_AUTOTUNE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = tmp_path / "tfdist" / "autotune.json"
+    path.parent.mkdir()
+    path.write_text("{half a fi")
+    cache = DecisionCache()
+    with caplog.at_level("WARNING", logger="tfdist"):
+        assert cache.get("a") is None
+        assert cache.put("a", {"choice": {}})
+    assert "tfdist's own file, so it is replaced" in caplog.text
     assert json.loads(path.read_text())["decisions"]["a"]["choice"] == {}
+    named = tmp_path / "old.json"
+    named.write_text(json.dumps({"format": 0, "entries": []}))  # an older version's cache
+    assert cache_problem(str(named)) is None
+    assert DecisionCache(str(named)).put("b", {"choice": {}})
+    assert list(json.loads(named.read_text())["decisions"]) == ["b"]
 
 
 def test_an_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cache = DecisionCache(str(blocker / "autotune.json"))  # its folder is a file
+    with caplog.at_level("WARNING", logger="tfdist"):
+        assert cache.put("a", {"choice": {}}) is False
+    assert "not usable (it cannot be read: [Errno 20] Not a directory" in caplog.text
+    assert "--autotune-cache" in caplog.text
+    caplog.clear()
+    cache = DecisionCache("/proc/tfdist-no-folder/autotune.json")  # no folder can be made there
     with caplog.at_level("WARNING", logger="tfdist"):
         assert cache.put("a", {"choice": {}}) is False
     assert "could not be cached" in caplog.text and "--autotune-cache" in caplog.text

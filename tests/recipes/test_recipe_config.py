@@ -557,3 +557,29 @@ def test_autotune_flags_are_kept_while_a_choice_is_open():
     for argv in (["--autotune", "on", "--precision", "float32", "--autotune-budget", "5"],
                  ["--autotune", "refresh", "--xla", "off", "--autotune-cache", "cache.json"]):
         check_autotune_flags(parse_config(argv, RECIPE.all_options(), prog="test"))
+
+
+def test_an_autotune_cache_that_holds_something_else_is_refused_before_tensorflow(tmp_path,
+                                                                                  monkeypatch):
+    """A mistyped --autotune-cache (a folder, the user's own JSON, a file that is not JSON)
+    is named with what it holds: the trial would never replace it, so it would cache nothing.
+    $TFDIST_AUTOTUNE_CACHE is checked the same way; a missing file is fine (created)."""
+    from tfdist.recipes.preflight import check_autotune_flags
+    from tfdist.recipes.transformer import RECIPE
+
+    (tmp_path / "results.json").write_text('{"bleu": 27.3}')
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.delenv("TFDIST_AUTOTUNE_CACHE", raising=False)
+    for path, holds in ((tmp_path, "it is a folder, not a file"),
+                        (tmp_path / "results.json", "it holds JSON that is not a tfdist autotune cache"),
+                        (tmp_path / "notes.txt", "it is not JSON")):
+        config = parse_config(["--autotune", "on", "--autotune-cache", str(path)],
+                              RECIPE.all_options(), prog="test")
+        with pytest.raises(ConfigError, match=re.escape(f"--autotune-cache {path}: {holds}")):
+            check_autotune_flags(config)
+    monkeypatch.setenv("TFDIST_AUTOTUNE_CACHE", str(tmp_path / "results.json"))
+    with pytest.raises(ConfigError, match=re.escape(f"$TFDIST_AUTOTUNE_CACHE {tmp_path / 'results.json'}: ")):
+        check_autotune_flags(parse_config(["--autotune", "on"], RECIPE.all_options(), prog="test"))
+    monkeypatch.setenv("TFDIST_AUTOTUNE_CACHE", str(tmp_path / "new" / "autotune.json"))
+    check_autotune_flags(parse_config(["--autotune", "on"], RECIPE.all_options(), prog="test"))
+    assert (tmp_path / "results.json").read_text() == '{"bleu": 27.3}'

@@ -14,8 +14,11 @@ are left out: each recipe option declares it
 
 The file is `$TFDIST_AUTOTUNE_CACHE`, else `$XDG_CACHE_HOME/tfdist/autotune.json`,
 else `~/.cache/tfdist/autotune.json`. It is written whole to a temporary file
-and renamed, so a reader never sees half a file; an unreadable file is
-reported and treated as empty.
+and renamed, so a reader never sees half a file. A path that holds something
+else (a folder, a file that is not JSON, JSON that is not a decision cache: a
+mistyped `--autotune-cache`, say) is reported once and left as it is: the
+run measures and goes on without caching (`cache_problem`). Only the default
+file, tfdist's own, is replaced when it cannot be read.
 
 Example:
 
@@ -130,6 +133,41 @@ def signature_key(signature):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def cache_problem(path):
+    """Why `path` cannot be used as the decision cache, or None when it can: it is
+    missing (it will be created) or holds a cache of decisions (of any format version).
+
+    Example:
+
+    >>> cache_problem("/tmp")
+    'it is a folder, not a file'
+    >>> cache_problem("/no/such/autotune.json") is None
+    True
+    """
+    return _load(path)[1]
+
+
+def _load(path):
+    """`(decisions, problem)`: the decisions in `path` ({} when it is missing or
+    holds another format version), and why it is not a cache (None when it is)."""
+    if os.path.isdir(path):
+        return {}, "it is a folder, not a file"
+    try:
+        with open(path) as stream:
+            content = json.load(stream)
+    except FileNotFoundError:
+        return {}, None
+    except OSError as error:
+        return {}, f"it cannot be read: {error}"
+    except ValueError as error:
+        return {}, f"it is not JSON: {error}"
+    if not isinstance(content, dict) or "format" not in content:
+        return {}, "it holds JSON that is not a tfdist autotune cache"
+    if content["format"] != FORMAT_VERSION or not isinstance(content.get("decisions"), dict):
+        return {}, None  # another version's cache: replaced by this one's
+    return content["decisions"], None
+
+
 class DecisionCache:
     """The JSON file of autotune decisions, keyed by `signature_key`.
 
@@ -146,20 +184,30 @@ class DecisionCache:
 
     def __init__(self, path=None):
         self.path = path or default_cache_path()
+        # The default file (no path given, none in the environment) is tfdist's own.
+        self._own_file = not path and not os.environ.get(CACHE_ENV)
+        self._reported = False
 
     def _read(self):
-        try:
-            with open(self.path) as stream:
-                content = json.load(stream)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as error:
-            logger.warning("The autotune cache %s cannot be read (%s); it is treated as empty "
-                           "and will be rewritten.", self.path, error)
-            return {}
-        if not isinstance(content, dict) or content.get("format") != FORMAT_VERSION:
-            return {}
-        return content.get("decisions", {})
+        """The stored decisions, and whether the file may be replaced: not when it holds
+        something other than a cache, unless it is tfdist's own default file (a folder
+        never). A problem is reported once per `DecisionCache`."""
+        decisions, problem = _load(self.path)
+        if problem is None:
+            return decisions, True
+        replace = self._own_file and not os.path.isdir(self.path)
+        if not self._reported:
+            self._reported = True
+            if replace:
+                logger.warning("The autotune cache %s is not usable (%s); it is tfdist's own "
+                               "file, so it is replaced by this run's decisions.",
+                               self.path, problem)
+            else:
+                logger.warning("The autotune cache %s is not usable (%s); it is left as it is "
+                               "and decisions are not cached. Name another file with "
+                               "--autotune-cache or $%s, or move this one away.",
+                               self.path, problem, CACHE_ENV)
+        return {}, replace
 
     def get(self, key):
         """The stored entry for `key`, or None.
@@ -169,14 +217,15 @@ class DecisionCache:
         >>> DecisionCache("/nonexistent/x.json").get("abc") is None
         True
         """
-        entry = self._read().get(key)
+        entry = self._read()[0].get(key)
         return entry if isinstance(entry, dict) else None
 
     def put(self, key, entry):
         """Stores `entry` (a JSON-serialisable dict) under `key`, atomically.
 
         The time of the decision is added as `measured_at`. A cache that
-        cannot be written is a warning, not an error: the run goes on.
+        cannot be written is a warning, not an error: the run goes on. A
+        path that holds something other than a cache is never replaced.
 
         Returns:
             True when the file was written.
@@ -186,7 +235,9 @@ class DecisionCache:
         >>> DecisionCache("/tmp/autotune.json").put("abc", {"choice": {}})
         True
         """
-        decisions = self._read()
+        decisions, replaceable = self._read()
+        if not replaceable:
+            return False
         decisions[key] = dict(entry, measured_at=datetime.datetime.now().isoformat(
             timespec="seconds"))
         folder = os.path.dirname(os.path.abspath(self.path))

@@ -9,6 +9,7 @@ Example:
 
 import os
 
+from tfdist.autotune.cache import CACHE_ENV, cache_problem
 from tfdist.autotune.modes import why_flags_rule_out_a_trial
 from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme, missing_local_path
 from tfdist.recipes.config import ConfigError
@@ -232,6 +233,7 @@ def check_autotune_flags(config):
     explicit = getattr(config, "explicit", ())
     ruled_out = why_flags_rule_out_a_trial(config.autotune, config.precision, config.xla)
     if ruled_out is None:
+        check_autotune_cache(config)
         return
     if ruled_out == "off":
         why = ("--autotune off runs none" if "autotune" in explicit
@@ -245,6 +247,34 @@ def check_autotune_flags(config):
             raise ConfigError(f"{flag} {getattr(config, name)} sets the autotune trial, but {why}: "
                               "drop the flag, or let autotune choose (--autotune on with "
                               "--precision auto or --xla auto).")
+
+
+def check_autotune_cache(config, environ=None):
+    """Refuses an autotune cache the user named (`--autotune-cache`, else
+    `$TFDIST_AUTOTUNE_CACHE`) that holds something other than a cache: a folder, a
+    file that is not JSON or JSON that is not a decision cache, which the trial
+    would otherwise leave uncached (it never replaces such a file).
+
+    Raises:
+        ConfigError: naming the flag or variable, the path, what it holds and the way out.
+
+    Example:
+
+    >>> check_autotune_cache(argparse.Namespace(autotune_cache="/tmp"))
+    Traceback (most recent call last):
+    ConfigError: --autotune-cache /tmp: it is a folder, not a file; ...
+    """
+    environ = os.environ if environ is None else environ
+    if getattr(config, "autotune_cache", None):
+        source, path = "--autotune-cache", config.autotune_cache
+    elif environ.get(CACHE_ENV):
+        source, path = f"${CACHE_ENV}", environ[CACHE_ENV]
+    else:
+        return
+    problem = cache_problem(path)
+    if problem:
+        raise ConfigError(f"{source} {path}: {problem}; name a file for the autotune decisions "
+                          "(it is created if missing), or move this one away.")
 
 
 def check_dataset_paths(config):
