@@ -23,6 +23,8 @@ Example:
 
 import tensorflow as tf
 
+from tfdist.runtime.argtypes import check_int_at_least
+
 HEALTH_ATTRIBUTE = "_tfdist_loss_health"
 # Integer fields saved in a backup, in this order.
 _COUNTERS = ("steps", "epoch", "epoch_batches", "checked_batches", "streak",
@@ -59,7 +61,7 @@ class LossHealth:
     """
 
     def __init__(self, window):
-        self.window = window
+        self.window = check_int_at_least("window", window, 1)
         self._listeners = []
         self._variables = None
         self.reset()

@@ -88,7 +88,7 @@ class NanGuard(keras.callbacks.Callback):
 
     def __init__(self, monitor="loss", check_freq=1):
         super().__init__()
-        if isinstance(monitor, str):
+        if isinstance(monitor, str) and monitor:
             names = None if monitor == "all" else [monitor]
         elif isinstance(monitor, (list, tuple)) and monitor and all(
                 isinstance(m, str) and m for m in monitor):

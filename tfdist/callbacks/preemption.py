@@ -1,6 +1,8 @@
 """Preemption: on SIGTERM or SIGINT every worker backs up at one agreed step and stops."""
 
 import itertools
+import math
+import numbers
 import threading
 import time
 
@@ -90,6 +92,18 @@ class PreemptionGuard(keras.callbacks.Callback):
 
     def __init__(self, backup=None, signals=None, strategy=None, ack_timeout=ACK_TIMEOUT):
         super().__init__()
+        if backup is not None and not all(
+                callable(getattr(backup, name, None)) for name in ("backup_now", "at_update_boundary")):
+            raise TypeError(f"backup must be the BackupAndResume that writes the run's backups, or "
+                            f"None to stop without one; got {backup!r}.")
+        if signals is not None and not all(
+                callable(getattr(signals, name, None)) for name in ("pending", "training_started")):
+            raise TypeError("signals must be a source of stop signals with pending() and "
+                            "training_started() (tfdist.runtime.stop_signals), or None to catch "
+                            f"SIGTERM and SIGINT for the run; got {signals!r}.")
+        if (isinstance(ack_timeout, bool) or not isinstance(ack_timeout, numbers.Real)
+                or not math.isfinite(ack_timeout) or ack_timeout <= 0):
+            raise ValueError(f"ack_timeout must be a number of seconds > 0, got {ack_timeout!r}.")
         self.backup = backup
         self.signals = signals
         self.strategy = strategy

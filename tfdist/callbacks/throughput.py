@@ -1,9 +1,13 @@
 """Throughput meter: examples/s, tokens/s, step time percentiles, MFU."""
 
+import math
+import numbers
 import time
 
 import keras
 import numpy as np
+
+from tfdist.runtime.argtypes import check_int_at_least
 
 
 class ThroughputMeter(keras.callbacks.Callback):
@@ -54,11 +58,13 @@ class ThroughputMeter(keras.callbacks.Callback):
                  flops_per_example=None, peak_flops=None, warmup_steps=2,
                  steps_per_execution=1, log_every=None, print_fn=print):
         super().__init__()
-        if global_batch_size < 1 or num_replicas < 1 or steps_per_execution < 1 or warmup_steps < 0:
-            raise ValueError(
-                "ThroughputMeter needs global_batch_size, num_replicas and steps_per_execution >= 1 "
-                f"and warmup_steps >= 0; got {global_batch_size}, {num_replicas}, "
-                f"{steps_per_execution}, {warmup_steps}.")
+        for name, value in (("global_batch_size", global_batch_size), ("num_replicas", num_replicas),
+                            ("steps_per_execution", steps_per_execution)):
+            check_int_at_least(name, value, 1)
+        check_int_at_least("warmup_steps", warmup_steps, 0)
+        for name, value in (("tokens_per_example", tokens_per_example),
+                            ("flops_per_example", flops_per_example), ("peak_flops", peak_flops)):
+            _check_positive_or_none(name, value)
         if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
             raise ValueError(f"log_every must be None or an int >= 1, got {log_every!r}.")
         self.log_every = log_every
@@ -179,3 +185,12 @@ def format_summary(summary):
             text += f", MFU {100 * summary['mfu']:.1f}%"
         parts.append(text)
     return " | ".join(parts)
+
+
+def _check_positive_or_none(name, value):
+    """Refuses anything but None or a finite number > 0 (a count of tokens or FLOPs)."""
+    if value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{name} must be a number > 0 or None (not measured), got {value!r}.")

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import numbers
 import os
 import shutil
 import tempfile
@@ -90,6 +91,9 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
                 "for preemption checkpointing, which it does not have (its BackupAndRestore "
                 "then backs up after every batch). Pass save_freq='epoch' or a number of "
                 "batches.")
+        if save_freq != "epoch" and (not isinstance(save_freq, numbers.Integral) or save_freq < 1):
+            raise ValueError(f"save_freq must be an integer >= 1 (training batches) or 'epoch', "
+                             f"got {save_freq!r}.")
         if strategy is not None and not hasattr(strategy, "extended"):
             raise ValueError(
                 f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}.")
