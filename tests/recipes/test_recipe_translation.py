@@ -113,6 +113,36 @@ def test_translate_refuses_a_directory_that_is_not_a_translation_run(tmp_path, c
                                "it has no translation.json")
 
 
+@pytest.mark.parametrize("content, says", [
+    ("{half a fi", "cannot be read (Expecting property name enclosed in double quotes"),
+    ("[1, 2]", "is not a translation setup of format 1."),
+    ('{"format": 1, "recipe": "translation", "model_size": "tiny"}',
+     "lacks dropout, tie_embeddings, vocab_size, source_length, target_length, beam_size, "
+     "length_penalty, tokenizer, vocabulary: it is damaged"),
+], ids=["not-json", "a-list", "keys-missing"])
+def test_translate_names_a_damaged_setup_file_in_one_line(tmp_path, capsys, content, says):
+    """They were tracebacks (JSONDecodeError, AttributeError, KeyError)."""
+    (tmp_path / "translation.json").write_text(content)
+    assert translate.main(["--model-dir", str(tmp_path), "the dog sleeps"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert error[0].startswith(f"tfdist translate: error: {tmp_path / 'translation.json'} {says}"), error
+
+
+def test_translate_names_a_file_given_as_the_run_and_a_bad_length_penalty(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert translate.main(["--model-dir", str(notes), "the dog sleeps"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfdist translate: error: {notes} is a file, not a folder: give the --model-dir of a "
+        "translation run (`tfdist translation --model-dir DIR` trains one).")
+    for value in ("nan", "-1", "inf"):
+        with pytest.raises(SystemExit) as stop:
+            translate.main(["--model-dir", str(tmp_path), "--length-penalty", value, "x"])
+        assert stop.value.code == 2
+        assert f"--length-penalty {float(value)}: use a number >= 0" in capsys.readouterr().err
+
+
 def test_translate_names_a_missing_directory_before_tensorflow_starts(tmp_path):
     missing = tmp_path / "no_such_run"
     script = ("import sys\nfrom tfdist.recipes import translate\n"

@@ -32,6 +32,9 @@ import sys
 from tfdist.runtime.exit_codes import BAD_INPUT
 
 SETUP_FILE = "translation.json"
+SETUP_KEYS = ("model_size", "dropout", "tie_embeddings", "vocab_size", "source_length",
+              "target_length", "beam_size", "length_penalty", "tokenizer", "vocabulary")
+"""What `translate` reads from a setup (`translation_setup` writes each)."""
 SETUP_FORMAT = 1
 PROG = "tfdist translate"
 
@@ -107,10 +110,12 @@ def setup_writer_class():
 
 
 def check_translation_run_dir(model_dir):
-    """The path of `model_dir`'s `translation.json`, checked to exist (without TensorFlow).
+    """The path of `model_dir`'s `translation.json`, checked to exist and to hold a
+    translation setup of this version's format (without TensorFlow).
 
     Raises:
-        NotATranslationRun: `model_dir` is missing, or holds no `translation.json`.
+        NotATranslationRun: `model_dir` is missing or a file, holds no `translation.json`,
+            or one that cannot be read or is not a setup of this format.
 
     Example:
 
@@ -118,8 +123,9 @@ def check_translation_run_dir(model_dir):
     'runs/tiny/translation.json'
     """
     if not os.path.isdir(model_dir):
+        what = "is a file, not a folder" if os.path.exists(model_dir) else "does not exist"
         raise NotATranslationRun(
-            f"{model_dir} does not exist: give the --model-dir of a translation run "
+            f"{model_dir} {what}: give the --model-dir of a translation run "
             "(`tfdist translation --model-dir DIR` trains one).")
     path = os.path.join(model_dir, SETUP_FILE)
     if not os.path.isfile(path):
@@ -127,7 +133,27 @@ def check_translation_run_dir(model_dir):
             f"{model_dir} is not a translation run: it has no {SETUP_FILE}, which "
             "`tfdist translation --model-dir DIR` writes when training starts (language-model "
             "and CNN runs, and translation runs of older tfdist versions, have none).")
+    _load_setup(path)
     return path
+
+
+def _load_setup(path):
+    """The setup in `path` (a dict of this version's format), or `NotATranslationRun`."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            setup = json.load(stream)
+    except (OSError, ValueError) as error:
+        raise NotATranslationRun(
+            f"{path} cannot be read ({error}): it is damaged; train the run again, or copy its "
+            "folder again from where it was trained.") from None
+    if (not isinstance(setup, dict) or setup.get("format") != SETUP_FORMAT
+            or setup.get("recipe") != "translation"):
+        raise NotATranslationRun(f"{path} is not a translation setup of format {SETUP_FORMAT}.")
+    missing = [key for key in SETUP_KEYS if key not in setup]
+    if missing:
+        raise NotATranslationRun(f"{path} lacks {', '.join(missing)}: it is damaged; train the "
+                                 "run again, or copy its folder again from where it was trained.")
+    return setup
 
 
 def read_translation_setup(model_dir):
@@ -144,10 +170,7 @@ def read_translation_setup(model_dir):
     from tfdist.data.translation_task import TRANSLATION_VOCABULARY
 
     path = check_translation_run_dir(model_dir)
-    with open(path, encoding="utf-8") as stream:
-        setup = json.load(stream)
-    if setup.get("format") != SETUP_FORMAT or setup.get("recipe") != "translation":
-        raise NotATranslationRun(f"{path} is not a translation setup of format {SETUP_FORMAT}.")
+    setup = _load_setup(path)
     if setup.get("tokenizer"):
         tokenizer_path = os.path.join(model_dir, setup["tokenizer"])
         if not os.path.isfile(tokenizer_path):
@@ -286,6 +309,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.beam_size is not None and args.beam_size < 1:
         parser.error(f"--beam-size {args.beam_size}: use 1 (greedy) or more.")
+    if args.length_penalty is not None and not 0 <= args.length_penalty < float("inf"):
+        parser.error(f"--length-penalty {args.length_penalty}: use a number >= 0 (0 turns it off).")
     try:
         check_translation_run_dir(args.model_dir)  # before reading stdin or starting TensorFlow
     except NotATranslationRun as error:
