@@ -133,6 +133,31 @@ def test_auto_with_one_worker_in_tf_config_stays_local(monkeypatch):
     assert choose_strategy(devices=2)[0] == "mirrored"
 
 
+def test_one_worker_of_a_launch_with_devices_per_worker_gets_that_many_replicas(monkeypatch):
+    """`tfdist launch --workers 1 --devices-per-worker 2` sets TF_CONFIG (one worker) and
+    TFDIST_DEVICES_PER_WORKER=2: auto and mirrored take 2 devices (auto ran one device,
+    silently), one_device refuses it, a bad value is named."""
+    monkeypatch.setenv("TF_CONFIG", tf_config(workers=1))
+    monkeypatch.setenv("TFDIST_DEVICES_PER_WORKER", "2")
+    name, reason = choose_strategy()
+    assert name == "mirrored", reason
+    assert "single worker; TFDIST_DEVICES_PER_WORKER=2 asks for 2 local devices" in reason
+    auto = create_strategy("auto")
+    assert isinstance(auto, tf.distribute.MirroredStrategy) and auto.num_replicas_in_sync == 2
+    assert create_strategy("mirrored").num_replicas_in_sync == 2
+    assert create_strategy("auto", devices=1).num_replicas_in_sync == 1  # the argument wins
+    with pytest.raises(ValueError, match=r"'one_device' uses one device, but "
+                                         r"TFDIST_DEVICES_PER_WORKER=2 \(set by `tfdist launch "
+                                         r"--devices-per-worker`\) asks for 2"):
+        create_strategy("one_device")
+    monkeypatch.setenv("TFDIST_DEVICES_PER_WORKER", "1")
+    assert choose_strategy()[0] == "one_device"
+    assert describe_strategy(create_strategy("one_device")).num_replicas == 1
+    monkeypatch.setenv("TFDIST_DEVICES_PER_WORKER", "two")
+    with pytest.raises(ValueError, match="TFDIST_DEVICES_PER_WORKER='two' must be an integer"):
+        create_strategy("mirrored")
+
+
 def test_auto_on_the_evaluator_task_stays_local(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps(
         {"cluster": {"worker": ["h:1", "h:2"], "evaluator": ["h:3"]},

@@ -74,7 +74,10 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
             into N logical devices (before TensorFlow initialises); None uses
             every GPU, or the logical CPUs that exist. one_device: 1 or a
             one-name list. multi_worker_mirrored: devices per worker (default:
-            env TFDIST_DEVICES_PER_WORKER, else every GPU or one CPU).
+            env TFDIST_DEVICES_PER_WORKER, else every GPU or one CPU). None
+            takes TFDIST_DEVICES_PER_WORKER (which `tfdist launch
+            --devices-per-worker N` sets) for auto and mirrored on one worker
+            too; one_device refuses a count above 1 there.
         all_reduce: None (TensorFlow's choice) or, for mirrored, "nccl",
             "hierarchical_copy", "reduction_to_one_device"; for
             multi_worker_mirrored, "auto", "ring", "nccl".
@@ -112,11 +115,16 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
     _check_resolver_argument(cluster_resolver)
     notes = []
     cluster = None
+    # `tfdist launch --devices-per-worker N` sets it for each worker, also for one worker.
+    local_devices = (_devices_per_worker(None) if devices is None
+                     and key in ("auto", "mirrored", "one_device") else None)
     if key == "auto":
         cluster = resolve_cluster(cluster_resolver)
-        key, reason = _choose(devices, cluster)
+        key, reason = _choose(devices, cluster, local_devices)
         logger.info("strategy 'auto' picked %r: %s", key, reason)
         notes.append(f"auto picked {key}: {reason}")
+    if local_devices is not None and key in ("mirrored", "one_device"):
+        devices = _devices_from_environment(key, local_devices)
     check_all_reduce_name(key, all_reduce)
     if key == "default":
         strategy, note = _create_default(devices)
@@ -162,7 +170,8 @@ def choose_strategy(devices=None, cluster_resolver=None):
     """
     _check_devices(devices)
     _check_resolver_argument(cluster_resolver)
-    return _choose(devices, resolve_cluster(cluster_resolver))
+    local_devices = _devices_per_worker(None) if devices is None else None
+    return _choose(devices, resolve_cluster(cluster_resolver), local_devices)
 
 
 # ---------------------------------------------------------------- arguments
@@ -234,7 +243,19 @@ def resolve_cluster(resolver):
                            source=type(resolver).__name__)
 
 
-def _choose(devices, cluster):
+def _devices_from_environment(key, count):
+    """The `devices` that TFDIST_DEVICES_PER_WORKER=`count` asks of a one-machine strategy."""
+    if key == "one_device" and count > 1:
+        raise ValueError(
+            f"Strategy 'one_device' uses one device, but {DEVICES_PER_WORKER_ENV}={count} (set by "
+            "`tfdist launch --devices-per-worker`) asks for "
+            f"{count}; use 'mirrored' (or 'auto') for {count} replicas, or unset it.")
+    return count
+
+
+def _choose(devices, cluster, local_devices=None):
+    """`(name, reason)` of the strategy "auto" picks; `local_devices` is
+    TFDIST_DEVICES_PER_WORKER's count (None when unset), used when `devices` is None."""
     config = cluster.config
     if config is not None:
         if config.cluster.get("ps"):
@@ -256,6 +277,11 @@ def _choose(devices, cluster):
         if count > 1:
             return "mirrored", f"{where}; devices={devices!r} asks for {count} local devices"
         return "one_device", f"{where}; devices={devices!r} asks for one device"
+    if local_devices is not None:
+        asked = f"{DEVICES_PER_WORKER_ENV}={local_devices}"
+        if local_devices > 1:
+            return "mirrored", f"{where}; {asked} asks for {local_devices} local devices"
+        return "one_device", f"{where}; {asked} asks for one device"
     gpus = gpu_count()
     if gpus > 1:
         return "mirrored", f"{where}; {gpus} GPUs visible"
