@@ -2,6 +2,7 @@
 
 import collections
 import logging
+import re
 
 import keras
 import numpy as np
@@ -76,6 +77,25 @@ def test_plan_shards_by_file_when_enough_files_else_by_record():
 def test_plan_rejects_bad_counts(args, message):
     with pytest.raises(ValueError, match=message):
         plan_sharding(*args)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"repeat": 2}, ValueError, "repeat must be True (repeat forever), False (one pass) or None "
+                                "(repeat when training), got 2; for N passes over the data"),
+    ({"repeat": 0}, ValueError, "repeat must be True (repeat forever), False (one pass)"),
+    ({"seed": -1}, ValueError, "seed must be None or an integer in [0, 2**63), got -1."),
+    ({"seed": "7"}, ValueError, "seed must be None or an integer in [0, 2**63), got '7'."),
+    ({"source": None}, TypeError, "source must be a tfdist.data.Source (make_source("),
+], ids=["repeat-count", "repeat-zero", "seed-negative", "seed-text", "no-source"])
+def test_pipeline_arguments_it_would_misread_are_refused(kwargs, error, message):
+    """repeat=2 (tf.data's `repeat(2)`, two passes) repeated forever; a bad seed or a
+    missing source failed only when the pipeline was built."""
+    arguments = {"source": ArraySource(np.zeros((8, 4), "int32"), np.zeros((8, 4), "int32"), 4)}
+    arguments.update(kwargs)
+    with pytest.raises(error, match=re.escape(message)):
+        make_dataset_fn(arguments.pop("source"), 4, **arguments)
+    assert make_dataset_fn(ArraySource(np.zeros((8, 4), "int32"), np.zeros((8, 4), "int32"), 4),
+                           4, seed=np.int64(3), repeat=False).seed == 3
 
 
 @pytest.mark.parametrize("kind, pipelines, mode", [

@@ -26,12 +26,14 @@ worker that runs out first leaves the others waiting in an all-reduce.
 
 import contextlib
 import logging
+import numbers
 import time
 
 import tensorflow as tf
 
 from tfdist.data import sharding
 from tfdist.data.files import check_holds_examples
+from tfdist.data.source import Source
 from tfdist.seam import install_quiet_device_iterators, leave_tfdist_code_unconverted
 
 # Multi-device iterators end without waiting for a tuner they do not use (see the seam).
@@ -189,11 +191,22 @@ class DatasetFn:
     def __init__(self, source, global_batch_size, *, training=True,
                  shuffle_buffer=DEFAULT_SHUFFLE_BUFFER, seed=None, deterministic=False,
                  cache=False, repeat=None, drop_remainder=True):
+        if not isinstance(source, Source):
+            raise TypeError(f"source must be a tfdist.data.Source (make_source('embedded:reverse'), "
+                            f"ArraySource(...), or a subclass of Source), got {source!r}.")
         per_replica_batch_size(global_batch_size, 1)  # type/positivity check
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be a positive integer, got {shuffle_buffer!r}.")
         if not (isinstance(cache, bool) or isinstance(cache, str)):
             raise ValueError(f"cache must be True/False or a file path prefix, got {cache!r}.")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                                 or not 0 <= seed < 2**63):
+            raise ValueError(f"seed must be None or an integer in [0, 2**63), got {seed!r}.")
+        if not (repeat is None or isinstance(repeat, bool)):
+            raise ValueError(
+                f"repeat must be True (repeat forever), False (one pass) or None (repeat when "
+                f"training), got {repeat!r}; for N passes over the data train N epochs of one "
+                "pass each (repeat=False), or repeat with steps_per_epoch.")
         if seed is None and deterministic:
             seed = DEFAULT_DETERMINISTIC_SEED
         self.source = source
