@@ -538,6 +538,10 @@ def test_factory_image_schemes_and_errors(tmp_path):
         make_source("shapes:circles")
     with pytest.raises(TypeError, match="Bad option for dataset 'shapes'"):
         make_source("shapes", sequence_length=8)
+    # Its class count comes from its classes (it was Python's "got multiple values").
+    with pytest.raises(TypeError, match=r"Bad option for dataset 'shapes' \(ShapesSource\): "
+                                        r"num_classes is set by the source itself; drop it\."):
+        make_source("shapes", num_classes=3)
     with pytest.raises(FileNotFoundError, match="No files match"):
         make_source(f"imagenet_tfrecord:{tmp_path}/none-*")
     with pytest.raises(ValueError, match=r"train_crop 'zoom'.*auto, pad, resized, none"):

@@ -1,7 +1,10 @@
 """`make_source`: a dataset string (the recipes' `--dataset` flag) to a Source."""
 
+import re
+
 from tfdist.data.source import Source
 from tfdist.data.specs import SCHEMES, TFRECORD_SCHEMES, dataset_scheme, scheme_and_argument
+
 DEFAULT_EMBEDDED_TASK = "reverse"
 EXAMPLES = ("embedded", "embedded:reverse", "tfds:imdb_reviews", "tfrecord:/data/*.tfrecord",
             "text:/data/*.txt", "shapes", "tfds_images:cifar10", "imagenet_tfrecord:/data/train-*",
@@ -170,6 +173,11 @@ def _construct(cls, spec, argument, options, positional=True):
     try:
         return cls(argument, **options) if positional else cls(**options)
     except TypeError as error:
+        decided = re.search(r"got multiple values for (?:keyword )?argument '(\w+)'", str(error))
+        if decided:  # an option the source sets itself (the shapes' class count, say)
+            raise TypeError(f"Bad option for dataset {spec!r} ({cls.__name__}): "
+                            f"{decided.group(1)} is set by the source itself; drop it. See "
+                            "help(tfdist.data.source_factory) for each scheme's options.") from error
         if "unexpected keyword argument" in str(error):
             raise TypeError(f"Bad option for dataset {spec!r} ({cls.__name__}): {error}. "
                             "See help(tfdist.data.source_factory) for each scheme's options.") \
