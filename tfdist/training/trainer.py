@@ -24,6 +24,7 @@ from tfdist.training.inputs import (distribute, evaluation_inputs, per_replica_s
                                     training_inputs, unpack)
 from tfdist.training.loop import end_epoch, pythonify, run_batches, run_evaluation
 from tfdist.training.loss import GlobalCompileLoss
+from tfdist.training.one_batch import batch_rows, run_one_batch
 from tfdist.training.model_hooks import own_hooks
 from tfdist.training.optimizer import (check_optimizer, optimizer_chain,
                                       variables_outside_scope)
@@ -411,11 +412,8 @@ class Trainer:
                                replays_consumed_batches=positionable is None,
                                starts_input_at_position=positionable is not None)
         setattr(self.model, FIT_POSITION_ATTRIBUTE, position)
-        # With tensor_parallel > 1, each shard's update is computed on its device (traced here).
-        updates_placed = (updates_on_variable_devices(self.optimizer)
-                          if self.tensor_parallel > 1 else contextlib.nullcontext())
         try:
-            with telling_callbacks_if_fit_fails(callback_list), updates_placed:
+            with telling_callbacks_if_fit_fails(callback_list), self._updates_placed():
                 training_logs, initial_epoch = self._fit_epochs(
                     data, val_data, steps, epochs, steps_per_epoch, validation_steps,
                     validation_freq, callback_list, initial_epoch, position, positionable)
@@ -550,6 +548,78 @@ class Trainer:
         if not outputs:
             raise ValueError("predict() received no batches: the input is empty.")
         return join_predicted_batches(outputs)
+
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                       return_dict=False):
+        """Trains on one global batch, as `keras.Model.train_on_batch`, identical to one device.
+
+        The metrics are reset first, so the figures are this batch's; no
+        callbacks run. Each replica gets its share of the batch (as in `fit`,
+        also when its rows do not split evenly). With `grad_accum_steps=K` each
+        call is one micro-batch: every K-th call applies the update.
+
+        Args:
+            x: one batch: arrays or tensors (or a list / dict of them, like the
+                model's inputs).
+            y: its targets.
+            sample_weight: per-example weights.
+            class_weight: `{class index: weight}`, applied as per-example weights.
+            return_dict: return `{name: value}` instead of a list.
+
+        Returns:
+            As `evaluate`: the loss, a list in Keras's order, or a dict.
+
+        Example:
+
+        >>> for x_batch, y_batch in batches:
+        ...     loss = trainer.train_on_batch(x_batch, y_batch)
+        """
+        logs = self._one_batch("train", x, y, sample_weight, class_weight)
+        return logs if return_dict else metrics_in_keras_order(self.model, logs)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """The loss and metrics of one global batch, as `keras.Model.test_on_batch`.
+
+        The metrics are reset first; no callbacks run. Arguments and result as
+        `train_on_batch`.
+
+        Example:
+
+        >>> trainer.test_on_batch(x_batch, y_batch, return_dict=True)
+        {'loss': 0.31, 'accuracy': 0.9}
+        """
+        logs = self._one_batch("test", x, y, sample_weight)
+        return logs if return_dict else metrics_in_keras_order(self.model, logs)
+
+    def predict_on_batch(self, x):
+        """The model's outputs for one batch, as `keras.Model.predict_on_batch`:
+        `predict` over `x` as one global batch.
+
+        Example:
+
+        >>> probabilities = trainer.predict_on_batch(x_batch)
+        """
+        return self.predict(x, batch_size=batch_rows(x, "predict_on_batch"), verbose=0)
+
+    def _one_batch(self, mode, x, y, sample_weight, class_weight=None):
+        if _is_parameter_server(self.strategy):
+            raise ValueError(f"{mode}_on_batch is not supported under parameter_server, where "
+                             "every worker reads its own dataset: use fit / evaluate with a "
+                             "dataset.")
+        self._follow_model()
+        if mode != "train":
+            return run_one_batch(self, mode, x, y, sample_weight)
+        with self._updates_placed():
+            logs = run_one_batch(self, mode, x, y, sample_weight, class_weight)
+        self.gathered_model()
+        return logs
+
+    def _updates_placed(self):
+        """With tensor_parallel > 1, each shard's update is computed on its device
+        (traced in this context); otherwise nothing."""
+        if self.tensor_parallel > 1:
+            return updates_on_variable_devices(self.optimizer)
+        return contextlib.nullcontext()
 
     # ------------------------------------------------------------- the loop
     def _fit_epochs(self, data, val_data, steps, epochs, steps_per_epoch, validation_steps,
