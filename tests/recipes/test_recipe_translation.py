@@ -143,6 +143,23 @@ def test_translate_names_a_file_given_as_the_run_and_a_bad_length_penalty(tmp_pa
         assert f"--length-penalty {float(value)}: use a number >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, make", [("tokenizer", "file"), ("translation.json", "folder")])
+def test_a_model_dir_entry_of_the_translation_run_in_the_way_is_refused(tmp_path, capsys, name,
+                                                                       make):
+    """Its subword tokenizer folder and its setup file, besides every recipe's entries."""
+    from tfdist.data.subword import TOKENIZER_DIR
+
+    assert translation.TOKENIZER_FOLDER == TOKENIZER_DIR
+    if make == "file":
+        (tmp_path / name).write_text("mine")
+    else:
+        (tmp_path / name).mkdir()
+    assert translation.main(["--model-dir", str(tmp_path), "--epochs", "1"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert f"{tmp_path / name} is a {make}, but the run " in error[0], error
+
+
 def test_translate_names_a_missing_directory_before_tensorflow_starts(tmp_path):
     missing = tmp_path / "no_such_run"
     script = ("import sys\nfrom tfdist.recipes import translate\n"

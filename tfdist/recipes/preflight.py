@@ -363,19 +363,31 @@ def check_output_folders(config):
             raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder; name a folder "
                               "whose parents are folders.")
     if config.model_dir and os.path.isdir(config.model_dir):
-        _check_model_dir_entries(config.model_dir, own_backup=not getattr(config, "backup_dir", None))
+        own_backup = not getattr(config, "backup_dir", None)
+        check_model_dir_entries(
+            config.model_dir, [name for name in MODEL_DIR_FOLDERS if name != "backup" or own_backup],
+            MODEL_DIR_FILES)
 
 
-def _check_model_dir_entries(model_dir, own_backup):
-    """Refuses a file where the run keeps a folder in `model_dir`, or a folder where it
-    writes a file (found before TensorFlow starts, not at the first backup)."""
-    for name in MODEL_DIR_FOLDERS:
+def check_model_dir_entries(model_dir, folders, files):
+    """Refuses a file where the run keeps one of `folders` in `model_dir`, or a folder
+    where it writes one of `files` (found before TensorFlow starts, not when the run
+    first writes there). A recipe checks its own entries with it too.
+
+    Raises:
+        ConfigError: naming the model dir, the entry and the way out.
+
+    Example:
+
+    >>> check_model_dir_entries("runs/a", folders=["tokenizer"], files=["translation.json"])
+    """
+    for name in folders:
         path = os.path.join(model_dir, name)
-        if (name != "backup" or own_backup) and os.path.lexists(path) and not os.path.isdir(path):
+        if os.path.lexists(path) and not os.path.isdir(path):
             raise ConfigError(f"--model-dir {model_dir}: {path} is a file, but the run keeps a "
                               f"folder of that name there ({name}/); move the file away or name "
                               "another --model-dir.")
-    for name in MODEL_DIR_FILES:
+    for name in files:
         path = os.path.join(model_dir, name)
         if os.path.isdir(path):
             raise ConfigError(f"--model-dir {model_dir}: {path} is a folder, but the run writes "

@@ -32,15 +32,21 @@ Every strategy of the language-model recipe runs through the same runner;
 `--model-parallel` (GPipe stages) is refused with the reason.
 """
 
+import os
 import sys
 
 from tfdist.data.specs import PAIR_SCHEMES, dataset_scheme, parse_pair_spec
 from tfdist.recipes.config import ConfigError, Option
+from tfdist.recipes.preflight import check_model_dir_entries
 from tfdist.recipes.recipe_runner import Recipe
 from tfdist.recipes.recipe_types import RecipeData
+from tfdist.recipes.translate import SETUP_FILE
 
 MODEL_SIZES = ("tiny", "small", "base", "big")
 EMBEDDED_DATASETS = ("embedded", "embedded:translation")
+TOKENIZER_FOLDER = "tokenizer"
+"""`tfdist.data.subword.TOKENIZER_DIR`, whose module imports TensorFlow, named here for the
+checks made before it starts."""
 
 def below_one(flag, value):
     """`value` if it is below 1, else a ValueError naming `flag`.
@@ -170,6 +176,8 @@ def check_config(config):
     """
     if config.model_parallel > 1:
         raise ConfigError(MODEL_PARALLEL_REASON.format(k=config.model_parallel))
+    if config.model_dir and os.path.isdir(config.model_dir):
+        check_model_dir_entries(config.model_dir, folders=[TOKENIZER_FOLDER], files=[SETUP_FILE])
 
     for flag, spec in (("--dataset", config.dataset),
                        ("--validation-dataset", config.validation_dataset)):
@@ -280,7 +288,6 @@ def tokenizer_directory(config, say):
     >>> tokenizer_directory(parse_config(["--model-dir", "runs/x"], RECIPE.all_options()), print)
     'runs/x/tokenizer'
     """
-    import os
     import tempfile
 
     from tfdist.data.subword import TOKENIZER_DIR
@@ -310,8 +317,6 @@ def build_pair_data(config):
     >>> data = build_pair_data(parse_config(["--dataset", "text:train.de,train.en",
     ...                                      "--model-dir", "runs/x"], RECIPE.all_options()))
     """
-    import os
-
     from tfdist.data.subword import load_or_train_tokenizer
     from tfdist.data.translation_pairs import SubwordPairsSource
     from tfdist.distribute.tf_config import parse_tf_config
