@@ -150,9 +150,12 @@ def test_one_worker_of_a_launch_with_devices_per_worker_gets_that_many_replicas(
                                          r"TFDIST_DEVICES_PER_WORKER=2 \(set by `tfdist launch "
                                          r"--devices-per-worker`\) asks for 2"):
         create_strategy("one_device")
+    with pytest.raises(ValueError, match=r"'default' uses one device, but TFDIST_DEVICES_PER_WORKER=2"):
+        create_strategy("default")
     monkeypatch.setenv("TFDIST_DEVICES_PER_WORKER", "1")
     assert choose_strategy()[0] == "one_device"
     assert describe_strategy(create_strategy("one_device")).num_replicas == 1
+    assert create_strategy("default") is tf.distribute.get_strategy()
     monkeypatch.setenv("TFDIST_DEVICES_PER_WORKER", "two")
     with pytest.raises(ValueError, match="TFDIST_DEVICES_PER_WORKER='two' must be an integer"):
         create_strategy("mirrored")

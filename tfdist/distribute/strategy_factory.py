@@ -77,7 +77,7 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
             env TFDIST_DEVICES_PER_WORKER, else every GPU or one CPU). None
             takes TFDIST_DEVICES_PER_WORKER (which `tfdist launch
             --devices-per-worker N` sets) for auto and mirrored on one worker
-            too; one_device refuses a count above 1 there.
+            too; one_device and default refuse a count above 1 there.
         all_reduce: None (TensorFlow's choice) or, for mirrored, "nccl",
             "hierarchical_copy", "reduction_to_one_device"; for
             multi_worker_mirrored, "auto", "ring", "nccl".
@@ -117,13 +117,13 @@ def create_strategy(name="auto", *, devices=None, all_reduce=None, cluster_resol
     cluster = None
     # `tfdist launch --devices-per-worker N` sets it for each worker, also for one worker.
     local_devices = (_devices_per_worker(None) if devices is None
-                     and key in ("auto", "mirrored", "one_device") else None)
+                     and key in ("auto", "mirrored", "one_device", "default") else None)
     if key == "auto":
         cluster = resolve_cluster(cluster_resolver)
         key, reason = _choose(devices, cluster, local_devices)
         logger.info("strategy 'auto' picked %r: %s", key, reason)
         notes.append(f"auto picked {key}: {reason}")
-    if local_devices is not None and key in ("mirrored", "one_device"):
+    if local_devices is not None and key in ("mirrored", "one_device", "default"):
         devices = _devices_from_environment(key, local_devices)
     check_all_reduce_name(key, all_reduce)
     if key == "default":
@@ -244,13 +244,14 @@ def resolve_cluster(resolver):
 
 
 def _devices_from_environment(key, count):
-    """The `devices` that TFDIST_DEVICES_PER_WORKER=`count` asks of a one-machine strategy."""
-    if key == "one_device" and count > 1:
+    """The `devices` that TFDIST_DEVICES_PER_WORKER=`count` asks of a one-machine strategy
+    (None for `default`, which takes no devices)."""
+    if key in ("one_device", "default") and count > 1:
         raise ValueError(
-            f"Strategy 'one_device' uses one device, but {DEVICES_PER_WORKER_ENV}={count} (set by "
+            f"Strategy {key!r} uses one device, but {DEVICES_PER_WORKER_ENV}={count} (set by "
             "`tfdist launch --devices-per-worker`) asks for "
             f"{count}; use 'mirrored' (or 'auto') for {count} replicas, or unset it.")
-    return count
+    return None if key == "default" else count
 
 
 def _choose(devices, cluster, local_devices=None):
