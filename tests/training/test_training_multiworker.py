@@ -41,6 +41,25 @@ def single_process_sgd(clip=True):
     return common.weights_of(model), history.history
 
 
+def test_train_on_batch_on_two_workers_equals_keras_on_one_process(run):
+    """Each worker trains on its rows of every global batch; the weights, the figures of
+    each call and the predictions are Keras's own `*_on_batch` on one process."""
+    out, _ = run
+    model = common.dense_model(tf.distribute.get_strategy())
+    model.compile(optimizer=keras.optimizers.SGD(0.2),
+                  loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight"))
+    trained, tested, predicted = train_worker.on_batch_run(model, model)
+    for r in (0, 1):
+        arrays = common.load_weights(out / f"rank{r}_on_batch.npz")
+        for ours, theirs in zip(arrays, common.weights_of(model) + [predicted], strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        figures = common.load_json(out / f"rank{r}_on_batch.json")
+        for ours, theirs in zip(figures["trained"], trained, strict=True):
+            assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert figures["tested"]["loss"] == pytest.approx(tested["loss"], rel=1e-5)
+    assert trained[0]["loss"] != pytest.approx(trained[-1]["loss"], rel=1e-3)  # it learns
+
+
 def test_both_workers_finish(run):
     _, output = run
     assert "worker 0 done" in output and "worker 1 done" in output

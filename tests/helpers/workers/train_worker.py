@@ -66,6 +66,41 @@ def phase_sgd(strategy, out, jit_compile=False, name="sgd"):
         json.dump(history.history, f)
 
 
+ON_BATCH_ROWS = 8
+
+
+def on_batch_batches():
+    """Three weighted batches of `ON_BATCH_ROWS` rows for the on-batch phase."""
+    x, y, w = common.regression_arrays(n=3 * ON_BATCH_ROWS, seed=4, weighted=True)
+    return [(x[i:i + ON_BATCH_ROWS], y[i:i + ON_BATCH_ROWS], w[i:i + ON_BATCH_ROWS])
+            for i in range(0, 3 * ON_BATCH_ROWS, ON_BATCH_ROWS)]
+
+
+def on_batch_run(model, owner):
+    """Trains on the three batches one call at a time, then tests and predicts one:
+    `(train logs, test logs, predictions)` from `owner` (a Trainer or the Keras model)."""
+    batches = on_batch_batches()
+    trained = [owner.train_on_batch(x, y, sample_weight=w, return_dict=True)
+               for x, y, w in batches]
+    x, y, _ = batches[0]
+    return trained, owner.test_on_batch(x, y, return_dict=True), owner.predict_on_batch(x)
+
+
+def phase_on_batch(strategy, out):
+    """`Trainer.train_on_batch` & co. on the whole cluster: each worker gets its rows of
+    every global batch; the weights and figures must be one process's."""
+    model = common.dense_model(strategy)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.2)
+    trainer = Trainer(model, optimizer, keras.losses.MeanSquaredError(
+        reduction="mean_with_sample_weight"), strategy=strategy)
+    trained, tested, predicted = on_batch_run(model, trainer)
+    np.savez(os.path.join(out, f"rank{rank()}_on_batch.npz"), *common.weights_of(model),
+             predicted)
+    with open(os.path.join(out, f"rank{rank()}_on_batch.json"), "w") as f:
+        json.dump({"trained": trained, "tested": tested}, f)
+
+
 def phase_seq2seq(strategy, out):
     losses, weights = seq2seq_common.equivalence_run(strategy)
     np.savez(os.path.join(out, f"rank{rank()}_seq2seq.npz"), *weights)
@@ -175,14 +210,14 @@ def phase_second_fit_signalled(strategy, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--phases", default="sgd,xla,seq2seq,callbacks")
+    parser.add_argument("--phases", default="sgd,xla,seq2seq,on_batch,callbacks")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     ready = os.environ.get("TFDIST_READY_FILE")
     if ready:
         open(ready, "a").close()
     phases = args.phases.split(",")
-    allowed = {"sgd", "xla", "seq2seq", "callbacks"}
+    allowed = {"sgd", "xla", "seq2seq", "on_batch", "callbacks"}
     if not set(phases) <= allowed:
         parser.error(f"--phases must be from {sorted(allowed)}, got {phases}")
     if "sgd" in phases:
@@ -191,6 +226,8 @@ def main():
         phase_sgd(strategy, args.out, jit_compile=True, name="xla")
     if "seq2seq" in phases:
         phase_seq2seq(strategy, args.out)
+    if "on_batch" in phases:
+        phase_on_batch(strategy, args.out)
     if "callbacks" in phases:
         phase_callbacks(strategy, args.out)
     print(f"worker {rank()} done", flush=True)
