@@ -122,6 +122,13 @@ def check_translation_run_dir(model_dir):
     >>> check_translation_run_dir("runs/tiny")
     'runs/tiny/translation.json'
     """
+    path = _setup_path(model_dir)
+    _load_setup(path)
+    return path
+
+
+def _setup_path(model_dir):
+    """`model_dir`'s `translation.json`, checked to exist (`NotATranslationRun` if not)."""
     if not os.path.isdir(model_dir):
         what = "is a file, not a folder" if os.path.exists(model_dir) else "does not exist"
         raise NotATranslationRun(
@@ -133,7 +140,6 @@ def check_translation_run_dir(model_dir):
             f"{model_dir} is not a translation run: it has no {SETUP_FILE}, which "
             "`tfdist translation --model-dir DIR` writes when training starts (language-model "
             "and CNN runs, and translation runs of older tfdist versions, have none).")
-    _load_setup(path)
     return path
 
 
@@ -169,7 +175,7 @@ def read_translation_setup(model_dir):
     """
     from tfdist.data.translation_task import TRANSLATION_VOCABULARY
 
-    path = check_translation_run_dir(model_dir)
+    path = _setup_path(model_dir)
     setup = _load_setup(path)
     if setup.get("tokenizer"):
         tokenizer_path = os.path.join(model_dir, setup["tokenizer"])
