@@ -63,5 +63,7 @@ def test_sampler_without_nvml_reports_none_and_why():
 
 
 def test_sampler_interval_must_be_positive():
-    with pytest.raises(ValueError, match="interval must be a number of seconds > 0, got 0"):
+    with pytest.raises(ValueError, match="interval must be a finite number of seconds > 0, got 0"):
         UtilizationSampler([0], interval=0)
+    with pytest.raises(ValueError, match="interval must be a finite number of seconds > 0, got inf"):
+        UtilizationSampler([0], interval=float("inf"))

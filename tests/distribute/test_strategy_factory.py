@@ -65,8 +65,11 @@ def test_unsupported_names_say_so_by_name(name):
     ({"devices": True}, "got True"),
     ({"devices": []}, "got []"),
     ({"devices": ["/cpu:0", 1]}, "got ['/cpu:0', 1]"),
-    ({"collective_timeout": -5}, "collective_timeout must be a positive number"),
-    ({"startup_timeout": "soon"}, "startup_timeout must be a positive number of seconds or None, got 'soon'"),
+    ({"collective_timeout": -5}, "collective_timeout must be a finite number of seconds > 0 or None"),
+    ({"collective_timeout": float("inf")}, "collective_timeout must be a finite number of seconds > 0 "
+                                           "or None (no limit), got inf"),
+    ({"startup_timeout": "soon"}, "startup_timeout must be a finite number of seconds > 0 or None "
+                                  "(no limit), got 'soon'"),
     ({"cluster_resolver": "kubernetes"}, "got 'kubernetes'"),
     ({"all_reduce": "ring"}, "valid: nccl, hierarchical_copy, reduction_to_one_device"),
 ])
@@ -86,9 +89,11 @@ def test_nccl_on_cpu_devices_is_an_error():
         create_strategy("mirrored", devices=2, all_reduce="nccl")
 
 
-def test_bad_startup_timeout_environment(monkeypatch):
-    monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", "-3")
-    with pytest.raises(ValueError, match="TFDIST_STARTUP_TIMEOUT='-3'"):
+@pytest.mark.parametrize("value", ["-3", "inf", "nan", "soon"])
+def test_bad_startup_timeout_environment(monkeypatch, value):
+    monkeypatch.setenv("TFDIST_STARTUP_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"TFDIST_STARTUP_TIMEOUT='{value}' must be a finite "
+                                         "number of seconds > 0"):
         create_strategy("one_device")
 
 

@@ -450,6 +450,9 @@ def test_python_api_returns_the_status_and_prefixes_output():
     ({"command": "python train.py", "workers": 2}, "'python train.py'"),
     ({"command": ["true"], "workers": 0}, "workers must be an integer >= 1, got 0"),
     ({"command": ["true"], "workers": 1, "timeout": -1}, "timeout"),
+    ({"command": ["true"], "workers": 1, "grace_period": float("inf")},
+     "grace_period must be a finite number of seconds >= 0 or None (SIGKILL at once), got inf; "
+     "0 means the same."),
     ({"command": ["true"], "workers": 1, "devices_per_worker": 1.5}, "got 1.5"),
 ])
 def test_python_api_rejects_bad_arguments(kwargs, named):

@@ -76,8 +76,8 @@ def test_names_and_depths_resolve_and_unknown_ones_list_the_valid_ones():
     (dict(num_classes=0), r"num_classes must be an integer >= 1, got 0"),
     (dict(input_shape=(32, 32)), r"input_shape must be \(height, width, channels\).*\(32, 32\)"),
     (dict(width=0), r"width must be an integer >= 1.*got 0"),
-    (dict(bn_momentum=1.0), r"bn_momentum must be a number in \[0, 1\), got 1.0"),
-    (dict(dropout=-0.1), r"dropout must be a number in \[0, 1\), got -0.1"),
+    (dict(bn_momentum=1.0), r"bn_momentum must be a finite number in \[0, 1\), got 1.0"),
+    (dict(dropout=-0.1), r"dropout must be a finite number in \[0, 1\), got -0.1"),
     (dict(stem="resnetd"), r"Unknown stem 'resnetd'.*\['auto', 'imagenet', 'cifar'\]"),
 ])
 def test_bad_arguments_raise_teaching_errors(kwargs, message):
@@ -291,7 +291,7 @@ def test_label_smoothing_loss_serialises_and_validates():
     assert isinstance(restored, SparseLabelSmoothingCrossentropy)
     assert (restored.num_classes, restored.label_smoothing, restored.from_logits,
             restored.reduction, restored.name) == (7, 0.15, False, "sum", "smooth")
-    with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\), got 1"):
+    with pytest.raises(ValueError, match=r"label_smoothing must be a finite number in \[0, 1\), got 1"):
         sparse_label_smoothing_loss(3, 1)
     with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):
         sparse_label_smoothing_loss(1, 0.1)

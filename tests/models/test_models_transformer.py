@@ -52,9 +52,10 @@ def test_unknown_size_and_field_raise_listing_the_choices():
     (dict(d_model=64.0), r"d_model must be an integer >= 1, got 64.0"),
     (dict(num_heads=True), r"num_heads must be an integer >= 1, got True"),
     (dict(vocab_size=1), r"vocab_size must be >= 2"),
-    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\), got 1.0"),
+    (dict(dropout=1.0), r"dropout must be a finite number in \[0, 1\), got 1.0"),
     (dict(position_embedding="rotary"), r"'rotary'.*\['learned', 'sinusoidal'\]"),
-    (dict(layer_norm_epsilon=0.0), r"layer_norm_epsilon must be a number > 0"),
+    (dict(layer_norm_epsilon=0.0), r"layer_norm_epsilon must be a finite number > 0, got 0.0"),
+    (dict(layer_norm_epsilon=float("inf")), r"layer_norm_epsilon must be a finite number > 0, got inf"),
     (dict(pad_id=12), r"pad_id must be an integer in \[0, vocab_size=12\), got 12"),
 ])
 def test_bad_config_values_raise_teaching_errors(overrides, message):

@@ -53,7 +53,7 @@ def test_named_sizes():
     (dict(num_encoder_layers=0), r"num_encoder_layers must be an integer >= 1, got 0"),
     (dict(source_max_len=9.0), r"source_max_len must be an integer >= 1, got 9.0"),
     (dict(target_vocab_size=1), r"target_vocab_size must be >= 2"),
-    (dict(dropout=1.0), r"dropout must be a number in \[0, 1\), got 1.0"),
+    (dict(dropout=1.0), r"dropout must be a finite number in \[0, 1\), got 1.0"),
     (dict(tie_embeddings=True),
      r"tie_embeddings=True needs one shared vocabulary.*source_vocab_size=20 != "
      r"target_vocab_size=24.*tie_embeddings=False"),
@@ -177,8 +177,11 @@ def test_decoding_refuses_bad_arguments():
         greedy_decode(model, SOURCE, max_length=12)
     with pytest.raises(ValueError, match=r"beam_size must be an integer >= 1, got 0"):
         beam_search_decode(model, SOURCE, beam_size=0, max_length=5)
-    with pytest.raises(ValueError, match=r"length_penalty \(alpha\) must be a number >= 0"):
+    with pytest.raises(ValueError, match=r"length_penalty \(alpha\) must be a finite number >= 0"):
         beam_search_decode(model, SOURCE, length_penalty=-1.0, max_length=5)
+    with pytest.raises(ValueError, match=r"length_penalty \(alpha\) must be a finite number >= 0, "
+                                         r"got nan; 0 disables it"):
+        beam_search_decode(model, SOURCE, length_penalty=float("nan"), max_length=5)
     with pytest.raises(ValueError, match=r"needs max_length"):
         beam_search_decode(model, SOURCE)
 
@@ -203,7 +206,7 @@ def test_label_smoothed_masked_loss_is_the_smoothed_loss_over_real_tokens(jit_co
     np.testing.assert_allclose(float(loss(targets, logits)), expected.mean(), rtol=1e-5)
     plain = MaskedSparseCategoricalCrossentropy(jit_compile=jit_compile)
     assert float(plain(targets, logits)) < float(loss(targets, logits))
-    with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\), got 1.0"):
+    with pytest.raises(ValueError, match=r"label_smoothing must be a finite number in \[0, 1\), got 1.0"):
         MaskedSparseCategoricalCrossentropy(label_smoothing=1.0)
 
 

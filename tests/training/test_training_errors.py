@@ -81,7 +81,9 @@ def test_two_clippings_are_refused():
 @pytest.mark.parametrize("kwargs,message", [
     ({"grad_accum_steps": 0}, "grad_accum_steps must be an integer >= 1, got 0"),
     ({"steps_per_execution": 1.5}, "steps_per_execution must be an integer >= 1, got 1.5"),
-    ({"clip_norm": -1.0}, "clip_norm must be a number > 0 or None, got -1.0"),
+    ({"clip_norm": -1.0}, r"clip_norm must be a finite number > 0 or None \(no clipping\), got -1.0"),
+    # an infinite norm would scale every gradient by inf * 0 = NaN
+    ({"clip_norm": float("inf")}, r"clip_norm must be a finite number > 0 or None \(no clipping\), got inf"),
     ({"jit_compile": "yes"}, "jit_compile must be True, False or None, got 'yes'"),
 ])
 def test_bad_arguments_name_the_value(kwargs, message):

@@ -16,22 +16,18 @@ Example:
 import math
 import statistics
 
-from tfdist.runtime.argtypes import check_int_at_least
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 PERCENTILES = (50, 90, 99)
 """Step-time percentiles the report shows."""
 
 
 def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+    check_number(name, value, above=0)
 
 
 def _check_non_negative(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+    check_number(name, value, at_least=0)
 
 
 def speedup(throughput, baseline_throughput):

@@ -20,6 +20,7 @@ Example:
 
 import threading
 
+from tfdist.runtime.argtypes import check_number
 from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable
 
 
@@ -55,9 +56,7 @@ class UtilizationSampler:
     """
 
     def __init__(self, tf_indices, interval=0.5, environ=None, nvml=None):
-        if not (isinstance(interval, (int, float)) and not isinstance(interval, bool)
-                and interval > 0):
-            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}.")
+        check_number("interval", interval, above=0, unit="seconds")
         self.tf_indices = list(tf_indices)
         self.interval = interval
         self._environ, self._nvml = environ, nvml

@@ -8,6 +8,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfdist.runtime.argtypes import check_number
 from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable, reading_logs
 from tfdist.seam import local_gpu_memory_limits
 
@@ -102,13 +103,9 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
                  batch_freq=None, gpus=None, reset_peak_each_epoch=True, gpu_utilization=True,
                  print_fn=print):
         super().__init__()
-        if warn_fraction is not None and not (
-                _is_number(warn_fraction) and 0 < warn_fraction <= 1):
-            raise ValueError(
-                f"warn_fraction must be a number in (0, 1] or None, got {warn_fraction!r}.")
+        check_number("warn_fraction", warn_fraction, above=0, at_most=1, none_means="no warning")
         for name, value in (("host_limit_mb", host_limit_mb), ("gpu_limit_mb", gpu_limit_mb)):
-            if value is not None and not (_is_number(value) and value > 0):
-                raise ValueError(f"{name} must be a number of MB > 0 or None, got {value!r}.")
+            check_number(name, value, above=0, unit="MB", none_means="the limit measured")
         if batch_freq is not None and not (
                 isinstance(batch_freq, int) and not isinstance(batch_freq, bool)
                 and batch_freq >= 1):
@@ -443,8 +440,4 @@ def gpu_memory_limit_mb(index):
     except Exception:  # pragma: no cover - depends on the GPU runtime
         pass
     return None
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -1,8 +1,6 @@
 """Preemption: on SIGTERM or SIGINT every worker backs up at one agreed step and stops."""
 
 import itertools
-import math
-import numbers
 import threading
 import time
 
@@ -10,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.runtime.argtypes import check_number
 from tfdist.runtime.stop_signals import HandlerStopSignals, Preempted
 from tfdist.distribute.introspection import describe_strategy
 from tfdist.seam import coordination_key_value_store
@@ -101,13 +100,10 @@ class PreemptionGuard(keras.callbacks.Callback):
             raise TypeError("signals must be a source of stop signals with pending() and "
                             "training_started() (tfdist.runtime.stop_signals), or None to catch "
                             f"SIGTERM and SIGINT for the run; got {signals!r}.")
-        if (isinstance(ack_timeout, bool) or not isinstance(ack_timeout, numbers.Real)
-                or not math.isfinite(ack_timeout) or ack_timeout <= 0):
-            raise ValueError(f"ack_timeout must be a number of seconds > 0, got {ack_timeout!r}.")
         self.backup = backup
         self.signals = signals
         self.strategy = strategy
-        self.ack_timeout = float(ack_timeout)
+        self.ack_timeout = check_number("ack_timeout", ack_timeout, above=0, unit="seconds")
         self._own_signals = None
         self._watcher = None
         self._stop_watching = threading.Event()

@@ -1,13 +1,11 @@
 """Throughput meter: examples/s, tokens/s, step time percentiles, MFU."""
 
-import math
-import numbers
 import time
 
 import keras
 import numpy as np
 
-from tfdist.runtime.argtypes import check_int_at_least
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 
 class ThroughputMeter(keras.callbacks.Callback):
@@ -64,7 +62,7 @@ class ThroughputMeter(keras.callbacks.Callback):
         check_int_at_least("warmup_steps", warmup_steps, 0)
         for name, value in (("tokens_per_example", tokens_per_example),
                             ("flops_per_example", flops_per_example), ("peak_flops", peak_flops)):
-            _check_positive_or_none(name, value)
+            check_number(name, value, above=0, none_means="not measured")
         if log_every is not None and (not isinstance(log_every, int) or log_every < 1):
             raise ValueError(f"log_every must be None or an int >= 1, got {log_every!r}.")
         self.log_every = log_every
@@ -185,12 +183,3 @@ def format_summary(summary):
             text += f", MFU {100 * summary['mfu']:.1f}%"
         parts.append(text)
     return " | ".join(parts)
-
-
-def _check_positive_or_none(name, value):
-    """Refuses anything but None or a finite number > 0 (a count of tokens or FLOPs)."""
-    if value is None:
-        return
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(value) or value <= 0):
-        raise ValueError(f"{name} must be a number > 0 or None (not measured), got {value!r}.")

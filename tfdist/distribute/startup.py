@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfdist.distribute.collectives import barrier
 from tfdist.distribute.tf_config import TRAINING_TASK_TYPES, StrategyStartupError
+from tfdist.runtime.argtypes import check_number
 from tfdist.seam import configure_coordination_service
 
 logger = logging.getLogger("tfdist")
@@ -83,11 +84,7 @@ def check_seconds(label, value):
     >>> check_seconds("collective_timeout", 30)
     30.0
     """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{label} must be a positive number of seconds or None, got {value!r}.")
-    return float(value)
+    return check_number(label, value, above=0, unit="seconds", none_means="no limit")
 
 
 def startup_timeout_seconds(value):
@@ -107,13 +104,10 @@ def startup_timeout_seconds(value):
     if not raw:
         return DEFAULT_STARTUP_TIMEOUT
     try:
-        seconds = float(raw)
+        return check_number(STARTUP_TIMEOUT_ENV, float(raw), above=0, unit="seconds")
     except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"Environment variable {STARTUP_TIMEOUT_ENV}={raw!r} must be a positive "
-                         "number of seconds.")
-    return seconds
+        raise ValueError(f"Environment variable {STARTUP_TIMEOUT_ENV}={raw!r} must be a finite "
+                         "number of seconds > 0.") from None
 
 
 def bound_cluster_registration(config, deadline):

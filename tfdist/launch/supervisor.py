@@ -6,7 +6,6 @@ that runs the training loop, N workers and M ps tasks that serve it, and the
 chief's exit decides the job (see `launch`).
 """
 
-import math
 import os
 import shlex
 import shutil
@@ -18,6 +17,7 @@ import time
 from tfdist.launch import local_cluster as cluster_lib
 from tfdist.launch import gpus as gpus_lib
 from tfdist.launch import processes, scratch
+from tfdist.runtime.argtypes import check_number
 from tfdist.runtime.exit_codes import (LAUNCH_CANNOT_START, LAUNCH_NOT_EXECUTABLE,
                                LAUNCH_STARTUP_TIMEOUT, LAUNCH_TIMEOUT)
 from tfdist.runtime.exit_codes import PREEMPTED as PREEMPTED_EXIT_CODE
@@ -153,9 +153,9 @@ def launch(command, workers, *, ps=0, devices_per_worker=None, gpus_per_worker=N
         devices_per_worker = _check_count("devices_per_worker", devices_per_worker)
     if gpus_per_worker is not None:
         gpus_per_worker = _check_count("gpus_per_worker", gpus_per_worker)
-    startup_timeout = _check_seconds("startup_timeout", startup_timeout)
-    timeout = _check_seconds("timeout", timeout)
-    grace_period = _check_seconds("grace_period", grace_period) or 0.0
+    startup_timeout = _check_seconds("startup_timeout", startup_timeout, "no check")
+    timeout = _check_seconds("timeout", timeout, "no deadline")
+    grace_period = _check_seconds("grace_period", grace_period, "SIGKILL at once") or 0.0
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}.")
     if not isinstance(host, str) or not host:
@@ -546,11 +546,7 @@ def _check_count(name, value, minimum=1):
     return value
 
 
-def _check_seconds(name, value):
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < 0):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0 "
-                         f"(0 disables it) or None, got {value!r}.")
-    return float(value) or None
+def _check_seconds(name, value, none_means):
+    """`value` as seconds > 0, or None for 0 and None (the argument's `none_means`)."""
+    return check_number(name, value, at_least=0, unit="seconds", none_means=none_means,
+                        hint="0 means the same") or None

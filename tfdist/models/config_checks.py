@@ -12,6 +12,7 @@ import numbers
 
 from tfdist.models.activations import GELU_FORMS
 from tfdist.models.layers import POSITION_EMBEDDINGS
+from tfdist.runtime.argtypes import check_number
 
 
 def is_int(value):
@@ -57,16 +58,13 @@ def check_transformer_fields(config, int_fields):
             f"{config.num_heads}: every head gets d_model / num_heads dimensions. Head counts "
             f"that divide {config.d_model}: {divisors}.")
     dropout = config.dropout
-    if not isinstance(dropout, numbers.Real) or isinstance(dropout, bool) \
-            or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{owner}.dropout must be a number in [0, 1), got {dropout!r}.")
+    check_number(f"{owner}.dropout", dropout, at_least=0, below=1)
     if config.position_embedding not in POSITION_EMBEDDINGS:
         raise ValueError(
             f"{owner}.position_embedding={config.position_embedding!r} is not supported; "
             f"choose one of {list(POSITION_EMBEDDINGS)}.")
     epsilon = config.layer_norm_epsilon
-    if not isinstance(epsilon, numbers.Real) or isinstance(epsilon, bool) or not epsilon > 0:
-        raise ValueError(f"{owner}.layer_norm_epsilon must be a number > 0, got {epsilon!r}.")
+    check_number(f"{owner}.layer_norm_epsilon", epsilon, above=0)
     if config.gelu not in GELU_FORMS:
         raise ValueError(
             f"{owner}.gelu must be one of {list(GELU_FORMS)}, got {config.gelu!r}.")

@@ -28,6 +28,7 @@ import numbers
 
 import tensorflow as tf
 
+from tfdist.runtime.argtypes import check_number
 from tfdist.data.tokens import BOS_ID, EOS_ID, PAD_ID
 
 _NEGATIVE = -1e9  # a log-probability that never wins; finite, so no inf - inf NaNs
@@ -56,9 +57,8 @@ def _check_arguments(model, max_length, beam_size=1, length_penalty=0.0):
     if not isinstance(beam_size, numbers.Integral) or isinstance(beam_size, bool) \
             or beam_size < 1:
         raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}.")
-    if not isinstance(length_penalty, numbers.Real) or length_penalty < 0:
-        raise ValueError(f"length_penalty (alpha) must be a number >= 0, got "
-                         f"{length_penalty!r}; 0 disables it, 0.6 is GNMT's choice.")
+    check_number("length_penalty (alpha)", length_penalty, at_least=0,
+                 hint="0 disables it, 0.6 is GNMT's choice")
     positions = _target_positions(model)
     if positions is not None and max_length > positions:
         raise ValueError(

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfdist.runtime.argtypes import check_number
 from tfdist.seam import declare_metric_direction, set_keras_mask
 
 
@@ -189,10 +190,8 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.SparseCategoricalCrossent
                  name="masked_sparse_categorical_crossentropy", dtype=None, jit_compile=True,
                  label_smoothing=0.0):
         pad_id = _check_pad_id(pad_id)
-        if (not isinstance(label_smoothing, numbers.Real) or isinstance(label_smoothing, bool)
-                or not 0.0 <= label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing must be a number in [0, 1), got "
-                             f"{label_smoothing!r}; 0 turns it off, 0.1 is the Transformer's.")
+        check_number("label_smoothing", label_smoothing, at_least=0, below=1,
+                     hint="0 turns it off, 0.1 is the Transformer's")
         if label_smoothing and not from_logits:
             raise ValueError("label_smoothing needs from_logits=True (the loss smooths the "
                              "softmax of logits); pass logits, or label_smoothing=0.")

@@ -21,11 +21,10 @@ Example:
     model.compile(optimizer, loss=sparse_label_smoothing_loss(10, 0.1))
 """
 
-import numbers
-
 import keras
 from keras import ops
-from tfdist.runtime.argtypes import check_int_at_least
+
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 
 def is_weight_decayed(variable):
@@ -174,10 +173,7 @@ class SparseLabelSmoothingCrossentropy(keras.losses.Loss):
                  reduction="sum_over_batch_size",
                  name="sparse_label_smoothing_crossentropy", dtype=None):
         check_int_at_least("num_classes", num_classes, 2)
-        if (not isinstance(label_smoothing, numbers.Real)
-                or isinstance(label_smoothing, bool) or not 0.0 <= label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing must be a number in [0, 1), got "
-                             f"{label_smoothing!r}.")
+        check_number("label_smoothing", label_smoothing, at_least=0, below=1)
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.num_classes = int(num_classes)
         self.label_smoothing = float(label_smoothing)

@@ -41,6 +41,7 @@ import types
 import keras
 
 from tfdist.models.batch_norm import SMALLEST_FUSED_EPSILON, FusedBatchNormalization
+from tfdist.runtime.argtypes import check_number
 
 STEMS = ("auto", "imagenet", "cifar")
 """Valid values of `build_resnet(stem=...)`."""
@@ -133,9 +134,7 @@ def _check_args(num_classes, input_shape, width, bn_momentum, dropout, stem):
         raise ValueError(f"width must be an integer >= 1 (or None for the "
                          f"variant's default), got {width!r}.")
     for label, value in (("bn_momentum", bn_momentum), ("dropout", dropout)):
-        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                or not 0.0 <= value < 1.0):
-            raise ValueError(f"{label} must be a number in [0, 1), got {value!r}.")
+        check_number(label, value, at_least=0, below=1)
     if stem not in STEMS:
         raise ValueError(f"Unknown stem {stem!r}; choose one of {list(STEMS)}.")
 

@@ -6,6 +6,7 @@ Example:
 """
 
 import argparse
+import math
 import numbers
 
 
@@ -53,3 +54,71 @@ def check_int_at_least(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return value
+
+
+def _bound_text(above, at_least, below, at_most):
+    low = f"({above:g}" if above is not None else f"[{at_least:g}" if at_least is not None else None
+    high = f"{below:g})" if below is not None else f"{at_most:g}]" if at_most is not None else None
+    if low and high:
+        return f"in {low}, {high}"
+    if low:
+        return f"{'>' if above is not None else '>='} {low[1:]}"
+    return f"{'<' if below is not None else '<='} {high[:-1]}"
+
+
+def check_number(name, value, *, above=None, at_least=None, below=None, at_most=None,
+                 unit=None, none_means=None, hint=None):
+    """Checks a Python argument: a finite real number (a Python or NumPy one, not a bool) within bounds.
+
+    The one check behind tfdist's number arguments (timeouts, rates,
+    fractions, smoothing factors), so that every one of them refuses NaN, an
+    infinity, a bool and a string with the same kind of message.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        above, at_least: the lower bound, exclusive or inclusive (at most one).
+        below, at_most: the upper bound, exclusive or inclusive (at most one).
+        unit: what the number counts ("seconds"), for the message.
+        none_means: when given, None is allowed and this says what it means
+            ("no limit"); else None is refused.
+        hint: a sentence added to the message (the usual values, what 0 does).
+
+    Returns:
+        `value` as a float, or None.
+
+    Raises:
+        ValueError: naming the argument, what is allowed and the value.
+
+    Example:
+
+    >>> check_number("ack_timeout", 30, above=0, unit="seconds")
+    30.0
+    >>> check_number("dropout", 1.0, at_least=0, below=1)
+    Traceback (most recent call last):
+    ValueError: dropout must be a finite number in [0, 1), got 1.0.
+    >>> check_number("peak_flops", float("inf"), above=0, none_means="not measured")
+    Traceback (most recent call last):
+    ValueError: peak_flops must be a finite number > 0 or None (not measured), got inf.
+    """
+    if (above is not None and at_least is not None) or (below is not None and at_most is not None):
+        raise TypeError("check_number takes one lower bound (above or at_least) and one upper "
+                        "bound (below or at_most)")
+    if value is None and none_means is not None:
+        return None
+    number = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    if number and ((above is not None and not value > above)
+                   or (at_least is not None and not value >= at_least)
+                   or (below is not None and not value < below)
+                   or (at_most is not None and not value <= at_most)):
+        number = False
+    if not number:
+        allowed = "a finite number" + (f" of {unit}" if unit else "")
+        bounds = (above, at_least, below, at_most)
+        if any(bound is not None for bound in bounds):
+            allowed += " " + _bound_text(*bounds)
+        if none_means is not None:
+            allowed += f" or None ({none_means})"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}" + (f"; {hint}" if hint else "")
+                         + ".")
+    return float(value)

@@ -43,7 +43,7 @@ from tfdist.training.tensor_parallel.steps import WorkerReplicaStepFunctions
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
-from tfdist.runtime.argtypes import check_int_at_least
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 
 class Trainer:
@@ -174,9 +174,7 @@ class Trainer:
         _check_positive_int("grad_accum_steps", grad_accum_steps)
         if steps_per_execution is not None:
             _check_positive_int("steps_per_execution", steps_per_execution)
-        if clip_norm is not None and not (isinstance(clip_norm, (int, float))
-                                          and not isinstance(clip_norm, bool) and clip_norm > 0):
-            raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}.")
+        check_number("clip_norm", clip_norm, above=0, none_means="no clipping")
         if jit_compile is not None and not isinstance(jit_compile, bool):
             raise ValueError(f"jit_compile must be True, False or None, got {jit_compile!r}.")
         _check_model_in_scope(model, self.strategy)
