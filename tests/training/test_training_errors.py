@@ -114,6 +114,55 @@ def test_bad_inputs_name_what_is_allowed():
         trainer.fit(DATA, epochs=-1)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    # Keras's fit trains nothing and says nothing
+    (dict(epochs=2, initial_epoch=5), r"^initial_epoch=5 is past epochs=2, so fit would train "
+                                      r"nothing: .*To train 2 more epochs from epoch 5, pass "
+                                      r"epochs=7\.$"),
+    (dict(initial_epoch=-1), r"^initial_epoch must be an integer >= 0, got -1\.$"),
+    # Keras's fit skipped the validation silently
+    (dict(validation_split=0.25, validation_steps=0),
+     r"^validation_steps must be an integer >= 1, got 0\.$"),
+    # Keras's fit: AttributeError: 'int' object has no attribute 'set_model'
+    (dict(callbacks=[keras.callbacks.History(), 1]),
+     r"^callbacks\[1\] is not a keras.callbacks.Callback: got int: 1\.$"),
+    (dict(callbacks=[keras.callbacks.EarlyStopping]),
+     r"^callbacks\[0\] is not a keras.callbacks.Callback \(a class: pass an instance"),
+    (dict(callbacks="early_stopping"),
+     r"^callbacks must be a list of keras.callbacks.Callback \(or one\), got str"),
+    # Keras's fit trains on a NaN loss
+    (dict(class_weight={0: 1.0, 1: float("nan")}),
+     r"^class_weight\[1\] must be a finite number >= 0, got nan; a class's weight multiplies"),
+    (dict(class_weight={0: -1.0}), r"^class_weight\[0\] must be a finite number >= 0, got -1.0"),
+    (dict(sample_weight=np.r_[np.ones(12), np.nan, np.inf, np.ones(2)]),
+     r"^sample_weight must hold finite weights >= 0; 2 row\(s\) do not, the first is row 12: "
+     r"nan\. A NaN"),
+    (dict(sample_weight=-np.ones(16)), r"^sample_weight must hold .* the first is row 0: -1.0\."),
+])
+def test_fit_arguments_keras_lets_through_are_refused_by_name(kwargs, message):
+    strategy = common.mirrored(2)
+    trainer = Trainer(common.dense_model(strategy), sgd_in(strategy),
+                      "sparse_categorical_crossentropy" if "class_weight" in kwargs else "mse",
+                      strategy=strategy)
+    x = np.ones((16, common.FEATURES), "float32")
+    y = (np.arange(16) % 2 if "class_weight" in kwargs
+         else np.ones((16, common.TARGETS), "float32"))
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(x, y, batch_size=4, verbose=0, **kwargs)
+
+
+def test_evaluate_refuses_nan_sample_weights_and_says_how_big_an_array_was():
+    strategy = common.mirrored(2)
+    trainer = Trainer(common.dense_model(strategy), sgd_in(strategy), "mse", strategy=strategy)
+    x, y = np.ones((16, common.FEATURES), "float32"), np.ones((16, common.TARGETS), "float32")
+    with pytest.raises(ValueError, match=r"^sample_weight must hold finite weights >= 0"):
+        trainer.evaluate(x, y, sample_weight=np.full(16, np.nan), verbose=0)
+    # predict's second argument is batch_size, as in Keras: the array is shown by its shape
+    with pytest.raises(ValueError, match=r"^batch_size must be an integer >= 1, got ndarray of "
+                                         r"shape \(16, 3\)\.$"):
+        trainer.predict(x, y)
+
+
 def test_unbuilt_model_is_built_inside_the_scope():
     strategy = common.mirrored(2)
     with strategy.scope():

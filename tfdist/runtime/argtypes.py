@@ -35,6 +35,26 @@ def int_at_least(minimum):
     return parse
 
 
+def shown(value):
+    """`repr(value)` for a message, an array as its type and shape when its repr is long.
+
+    Example:
+
+    >>> shown(3)
+    '3'
+    >>> import numpy as np
+    >>> shown(np.zeros((32, 4)))
+    'ndarray of shape (32, 4)'
+    """
+    text = repr(value)
+    if len(text) <= 80:
+        return text
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{type(value).__name__} of shape {tuple(shape)}"
+    return text[:77] + "..."
+
+
 def check_int_at_least(name, value, minimum):
     """Checks a Python argument: an integer (a Python or NumPy int, not a bool) >= `minimum`; returns it.
 
@@ -52,7 +72,7 @@ def check_int_at_least(name, value, minimum):
     ValueError: rounds must be an integer >= 1, got 0.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {shown(value)}.")
     return value
 
 
@@ -119,6 +139,6 @@ def check_number(name, value, *, above=None, at_least=None, below=None, at_most=
             allowed += " " + _bound_text(*bounds)
         if none_means is not None:
             allowed += f" or None ({none_means})"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}" + (f"; {hint}" if hint else "")
+        raise ValueError(f"{name} must be {allowed}, got {shown(value)}" + (f"; {hint}" if hint else "")
                          + ".")
     return float(value)

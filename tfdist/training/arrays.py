@@ -34,7 +34,7 @@ import tensorflow as tf
 from tfdist.seam import (keras_array_adapter, keras_can_convert_arrays, keras_packed_arrays,
                          keras_python_input_dataset, keras_sliceable, keras_sparse_rows,
                          keras_train_validation_split)
-from tfdist.runtime.argtypes import check_int_at_least
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 SHUFFLE_CHOICES = (False, True, "batch")
 """The values of `shuffle`: input order, a new permutation of all rows at every
@@ -189,6 +189,7 @@ def array_dataset(x, y=None, sample_weight=None, *, batch_size, shuffle=False,
         f"array_dataset: {name} must be {ALLOWED_ARRAYS}; got {type(value).__name__}."))
     _check_class_weight(class_weight, y, sample_weight)
     num_rows = _row_count(x, y, sample_weight)
+    _check_sample_weights(sample_weight)
 
     # Keras's own checks and packing: sample_weight per output, class_weight
     # to per-sample weights, (x, y, sample_weight) structure.
@@ -297,6 +298,8 @@ def python_input_dataset(x, *, shuffle=False, class_weight=None):
         raise TypeError(
             "python_input_dataset: x must be a Python generator or a "
             f"keras.utils.PyDataset; got {type(x).__name__}.")
+    if isinstance(class_weight, Mapping):
+        _check_class_weights(class_weight)
     return keras_python_input_dataset(x, shuffle=shuffle, class_weight=class_weight)
 
 
@@ -330,6 +333,7 @@ def _check_class_weight(class_weight, y, sample_weight):
         raise ValueError(
             "class_weight must be a dict {class index: weight}, got "
             f"{type(class_weight).__name__}: {class_weight!r}.")
+    _check_class_weights(class_weight)
     if sample_weight is not None:
         raise ValueError(
             "class_weight and sample_weight cannot be used together (as in Keras); "
@@ -342,6 +346,34 @@ def _check_class_weight(class_weight, y, sample_weight):
             "class_weight is only supported for a single output (as in Keras); y is a "
             f"{type(y).__name__} of {len(keras.tree.flatten(y))} arrays. Pass one "
             "sample_weight array per output instead.")
+
+
+def _check_class_weights(class_weight):
+    """Each weight finite and >= 0: NaN or inf makes the loss NaN, a negative weight trains its class away."""
+    for label, weight in class_weight.items():
+        check_number(f"class_weight[{label!r}]", weight, at_least=0,
+                     hint="a class's weight multiplies its examples' loss")
+
+
+def _check_sample_weights(sample_weight):
+    """Every sample weight finite and >= 0 (a NaN one makes the epoch's loss NaN)."""
+    for path, leaf in keras.tree.flatten_with_path(sample_weight):
+        if leaf is None:
+            continue
+        try:
+            weights = np.asarray(leaf, dtype=np.float64)
+        except (TypeError, ValueError):
+            continue  # Keras names what it cannot convert
+        if weights.ndim == 0:
+            continue  # _row_count names a scalar
+        rows = weights.reshape(len(weights), -1)
+        bad = np.flatnonzero(~(np.isfinite(rows) & (rows >= 0)).all(axis=1))
+        if len(bad):
+            where = "sample_weight" + "".join(f"[{p!r}]" for p in path)
+            raise ValueError(
+                f"{where} must hold finite weights >= 0; {len(bad)} row(s) do not, the first is "
+                f"row {bad[0]}: {weights[bad[0]].tolist()!r}. A NaN or infinite weight makes the "
+                "loss NaN, a negative one trains its example away.")
 
 
 def _row_count(x, y, sample_weight):

@@ -59,6 +59,7 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
         return callbacks
     if isinstance(callbacks, keras.callbacks.Callback):
         callbacks = [callbacks]  # one callback, as Keras's fit takes it
+    callbacks = _checked_callbacks(callbacks)
     if verbose not in ("auto", 0, 1, 2):
         raise ValueError(f"verbose must be one of 'auto', 0, 1, 2; got {verbose!r}.")
     if not is_chief(strategy):
@@ -69,6 +70,24 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
     return keras.callbacks.CallbackList(
         callbacks, add_history=add_history, add_progbar=verbose != 0,
         model=model, verbose=verbose, epochs=epochs, steps=steps)
+
+
+def _checked_callbacks(callbacks):
+    """`callbacks` as a new list, each a `keras.callbacks.Callback`, else a ValueError naming the odd one."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (str, bytes, dict)) or not hasattr(callbacks, "__iter__"):
+        raise ValueError(f"callbacks must be a list of keras.callbacks.Callback (or one), got "
+                         f"{type(callbacks).__name__}: {callbacks!r}.")
+    callbacks = list(callbacks)
+    for index, callback in enumerate(callbacks):
+        if not isinstance(callback, keras.callbacks.Callback):
+            hint = (" (a class: pass an instance, e.g. with ())"
+                    if isinstance(callback, type) and issubclass(callback, keras.callbacks.Callback)
+                    else "")
+            raise ValueError(f"callbacks[{index}] is not a keras.callbacks.Callback{hint}: got "
+                             f"{type(callback).__name__}: {callback!r}.")
+    return callbacks
 
 
 def end_failed_fit(callback_list, error):

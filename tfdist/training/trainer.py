@@ -371,9 +371,18 @@ class Trainer:
         >>> history.history["loss"], history.history["val_loss"]
         """
         _check_positive_int("epochs", epochs, allow_zero=True)
+        _check_positive_int("initial_epoch", initial_epoch, allow_zero=True)
+        if initial_epoch > epochs:
+            raise ValueError(
+                f"initial_epoch={initial_epoch} is past epochs={epochs}, so fit would train "
+                f"nothing: epochs is the index of the last epoch (as in Keras), not a count. "
+                f"To train {epochs} more epochs from epoch {initial_epoch}, pass "
+                f"epochs={initial_epoch + epochs}.")
         self._follow_model()
         if steps_per_epoch is not None:
             _check_positive_int("steps_per_epoch", steps_per_epoch)
+        if validation_steps is not None:
+            _check_positive_int("validation_steps", validation_steps)
         _check_positive_int("validation_freq", validation_freq)
         if _is_parameter_server(self.strategy):
             _refuse_array_arguments("fit", y=y, batch_size=batch_size,
