@@ -86,16 +86,37 @@ def test_plan_rejects_bad_counts(args, message):
     ({"seed": -1}, ValueError, "seed must be None or an integer in [0, 2**63), got -1."),
     ({"seed": "7"}, ValueError, "seed must be None or an integer in [0, 2**63), got '7'."),
     ({"source": None}, TypeError, "source must be a tfdist.data.Source (make_source("),
-], ids=["repeat-count", "repeat-zero", "seed-negative", "seed-text", "no-source"])
+    ({"drop_remainder": "no"}, ValueError, "drop_remainder must be True or False, got 'no'."),
+    ({"training": "false"}, ValueError, "training must be True or False, got 'false'."),
+    ({"deterministic": 1}, ValueError, "deterministic must be True or False, got 1."),
+], ids=["repeat-count", "repeat-zero", "seed-negative", "seed-text", "no-source",
+        "drop-remainder-text", "training-text", "deterministic-int"])
 def test_pipeline_arguments_it_would_misread_are_refused(kwargs, error, message):
     """repeat=2 (tf.data's `repeat(2)`, two passes) repeated forever; a bad seed or a
-    missing source failed only when the pipeline was built."""
+    missing source failed only when the pipeline was built; drop_remainder="no" or
+    training="false" counted as True."""
     arguments = {"source": ArraySource(np.zeros((8, 4), "int32"), np.zeros((8, 4), "int32"), 4)}
     arguments.update(kwargs)
     with pytest.raises(error, match=re.escape(message)):
         make_dataset_fn(arguments.pop("source"), 4, **arguments)
     assert make_dataset_fn(ArraySource(np.zeros((8, 4), "int32"), np.zeros((8, 4), "int32"), 4),
-                           4, seed=np.int64(3), repeat=False).seed == 3
+                           4, seed=np.int64(3), repeat=False, drop_remainder=np.bool_(False)).seed == 3
+
+
+@pytest.mark.parametrize("strategy, input_options, message", [
+    (None, None, "strategy must be a tf.distribute.Strategy (tfdist.create_strategy(...), or "
+                 "tf.distribute.get_strategy() for the default one), got None."),
+    ("default", "per_worker", "input_options must be a tf.distribute.InputOptions or None, got "
+                              "'per_worker'."),
+])
+def test_distribute_dataset_names_a_strategy_or_options_of_the_wrong_kind(strategy, input_options,
+                                                                          message):
+    """Both were AttributeErrors from deep inside (TensorFlow's, for the options)."""
+    if strategy == "default":
+        strategy = tf.distribute.get_strategy()
+    source = ArraySource(np.zeros((8, 4), "int32"), np.zeros((8, 4), "int32"), 4)
+    with pytest.raises(TypeError, match=re.escape(message)):
+        distribute_dataset(strategy, source, 4, input_options=input_options)
 
 
 @pytest.mark.parametrize("kind, pipelines, mode", [

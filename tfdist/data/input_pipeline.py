@@ -29,6 +29,7 @@ import logging
 import numbers
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist.data import sharding
@@ -207,6 +208,11 @@ class DatasetFn:
                 f"repeat must be True (repeat forever), False (one pass) or None (repeat when "
                 f"training), got {repeat!r}; for N passes over the data train N epochs of one "
                 "pass each (repeat=False), or repeat with steps_per_epoch.")
+        for name, value in (("training", training), ("deterministic", deterministic),
+                            ("drop_remainder", drop_remainder)):
+            if not isinstance(value, (bool, np.bool_)):
+                # a string such as "no" would count as True
+                raise ValueError(f"{name} must be True or False, got {value!r}.")
         if seed is None and deterministic:
             seed = DEFAULT_DETERMINISTIC_SEED
         self.source = source
@@ -686,6 +692,12 @@ def distribute_dataset(strategy, source, global_batch_size, *, input_options=Non
     >>> for inputs, targets in dataset:
     ...     strategy.run(train_step, args=(inputs, targets))
     """
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(f"strategy must be a tf.distribute.Strategy (tfdist.create_strategy(...), "
+                        f"or tf.distribute.get_strategy() for the default one), got {strategy!r}.")
+    if input_options is not None and not isinstance(input_options, tf.distribute.InputOptions):
+        raise TypeError(f"input_options must be a tf.distribute.InputOptions or None, got "
+                        f"{input_options!r}.")
     per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
     dataset_fn = make_dataset_fn(source, global_batch_size, **kwargs)
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
