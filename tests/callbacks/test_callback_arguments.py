@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from tfdist.callbacks import (BackupAndResume, NanGuard, PreemptionGuard, ThroughputMeter,
+from tfdist.callbacks import (BackupAndResume, DeviceMemoryMonitor, LearningRateLogger, NanGuard,
+                              PreemptionGuard, ProgressLogger, ThroughputMeter,
                               WorkerSafeBackupAndRestore)
 from tfdist.callbacks.loss_health import LossHealth
 from tfdist.runtime.stop_signals import HandlerStopSignals
@@ -38,10 +39,28 @@ from tfdist.runtime.stop_signals import HandlerStopSignals
      "save_freq must be an integer >= 1 (training batches) or 'epoch', got 0."),
     (lambda: WorkerSafeBackupAndRestore("run/backup", save_freq="batch"), ValueError,
      "save_freq must be an integer >= 1 (training batches) or 'epoch', got 'batch'."),
+    # Keras's BackupAndRestore takes these by their truth: "no" kept two checkpoints
+    (lambda: WorkerSafeBackupAndRestore("run/backup", double_checkpoint="no"), ValueError,
+     "double_checkpoint must be True or False, got 'no'."),
+    # called only when a backup is discarded, as a TypeError then
+    (lambda: BackupAndResume("run/backup", on_discard="log"), ValueError,
+     "on_discard must be a function of no arguments or None, got 'log'."),
+    (lambda: LearningRateLogger(log_batches="no"), ValueError,
+     "log_batches must be True or False, got 'no'."),
+    (lambda: ProgressLogger(print_fn=None), ValueError,
+     "print_fn must be a function of one string (print), got None."),
+    (lambda: ThroughputMeter(32, print_fn="stdout"), ValueError,
+     "print_fn must be a function of one string (print) or None, got 'stdout'."),
+    (lambda: DeviceMemoryMonitor(gpus="all"), ValueError,
+     "gpus must be a list of GPU indices (integers >= 0) or None (all), got 'all'."),
+    (lambda: DeviceMemoryMonitor(gpu_utilization="off"), ValueError,
+     "gpu_utilization must be True or False, got 'off'."),
 ], ids=["meter-batch-text", "meter-replicas-float", "meter-tokens", "meter-flops-text",
         "meter-peak-zero", "meter-peak-inf", "nan-guard-monitor", "loss-health-window",
         "preemption-timeout-zero", "preemption-timeout-nan", "preemption-backup-path",
-        "preemption-signal-names", "worker-safe-save-freq-zero", "worker-safe-save-freq-text"])
+        "preemption-signal-names", "worker-safe-save-freq-zero", "worker-safe-save-freq-text",
+        "worker-safe-double-text", "backup-on-discard-text", "lr-logger-text",
+        "progress-print-none", "meter-print-text", "memory-gpus-text", "memory-utilization-text"])
 def test_a_value_the_callback_cannot_use_is_refused_when_it_is_made(make, error, message):
     with pytest.raises(error, match=re.escape(message)):
         make()
@@ -57,3 +76,6 @@ def test_the_values_they_take_are_accepted(tmp_path):
     assert LossHealth(window=1).window == 1
     assert WorkerSafeBackupAndRestore(str(tmp_path / "keras"), save_freq=3).save_freq == 3
     assert NanGuard(monitor="val_loss").monitor == "val_loss"
+    assert ThroughputMeter(32, print_fn=None).print_fn is None  # silent
+    assert DeviceMemoryMonitor(gpus=(0, 1), print_fn=None).gpus == [0, 1]
+    assert LearningRateLogger(log_batches=False).log_batches is False

@@ -63,6 +63,16 @@ def test_bad_config_values_raise_teaching_errors(overrides, message):
         micro_config(**overrides)
 
 
+def test_padding_mask_names_a_pad_id_that_is_not_a_token_id():
+    """It was Python's `invalid literal for int()` for a string."""
+    from tfdist.models import PaddingMask
+
+    assert PaddingMask(pad_id=np.int64(3))(np.array([[3, 4]])).numpy().tolist() == [[False, True]]
+    for pad_id, shown in (("a", "'a'"), (-1, "-1"), (1.5, "1.5")):
+        with pytest.raises(ValueError, match=rf"^pad_id must be an integer >= 0, got {shown}\.$"):
+            PaddingMask(pad_id=pad_id)
+
+
 def test_build_rejects_a_non_config_and_too_long_sequences():
     with pytest.raises(TypeError, match="TransformerConfig, got dict"):
         build_decoder_lm({"vocab_size": 12})

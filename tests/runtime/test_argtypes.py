@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from tfdist.runtime.argtypes import check_number
+from tfdist.runtime.argtypes import check_bool, check_callable, check_int_at_least, check_number
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -54,3 +54,33 @@ def test_two_bounds_on_one_side_is_a_programming_error():
         check_number("x", 1, above=0, at_least=0)
     with pytest.raises(TypeError, match="one upper bound"):
         check_number("x", 1, below=2, at_most=2)
+
+
+@pytest.mark.parametrize("value, expected", [(True, True), (False, False), (np.bool_(True), True)])
+def test_check_bool_takes_python_and_numpy_bools(value, expected):
+    assert check_bool("flag", value) is expected
+
+
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None, [True]])
+def test_check_bool_refuses_what_would_count_by_its_truth(value):
+    with pytest.raises(ValueError) as caught:
+        check_bool("flag", value)
+    assert str(caught.value) == f"flag must be True or False, got {value!r}."
+
+
+def test_check_callable_takes_functions_and_none_only_when_allowed():
+    assert check_callable("print_fn", print, "a function of one string") is print
+    assert check_callable("print_fn", None, "a function of one string", allow_none=True) is None
+    with pytest.raises(ValueError, match=r"^print_fn must be a function of one string or None, "
+                                         r"got 'stdout'\.$"):
+        check_callable("print_fn", "stdout", "a function of one string", allow_none=True)
+    with pytest.raises(ValueError, match=r"^on_discard must be a function, got None\.$"):
+        check_callable("on_discard", None, "a function")
+
+
+def test_a_long_value_is_shown_by_its_type_and_shape():
+    with pytest.raises(ValueError, match=r"^batch_size must be an integer >= 1, got ndarray of "
+                                         r"shape \(100, 3\)\.$"):
+        check_int_at_least("batch_size", np.zeros((100, 3)), 1)
+    with pytest.raises(ValueError, match=r"^rate must be a finite number > 0, got '(x){76}\.\.\.\.$"):
+        check_number("rate", "x" * 200, above=0)

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfdist.runtime.argtypes import check_bool
 from tfdist.seam import held_learning_rate
 
 _UNITS = ("step", "epoch")
@@ -258,7 +259,7 @@ class LearningRateLogger(keras.callbacks.Callback):
 
     def __init__(self, log_batches=True):
         super().__init__()
-        self.log_batches = bool(log_batches)
+        self.log_batches = check_bool("log_batches", log_batches)
         self._batch_rate = None
 
     def on_train_batch_begin(self, batch, logs=None):

@@ -8,7 +8,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfdist.runtime.argtypes import check_number
+from tfdist.runtime.argtypes import check_bool, check_callable, check_number
 from tfdist.runtime.nvml import NvmlGpus, NvmlUnavailable, reading_logs
 from tfdist.seam import local_gpu_memory_limits
 
@@ -111,11 +111,16 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
                 and batch_freq >= 1):
             raise ValueError(f"batch_freq must be an integer >= 1 or None, got {batch_freq!r}.")
         if gpus is not None:
-            gpus = list(gpus)
-            bad = [g for g in gpus if not isinstance(g, int) or isinstance(g, bool) or g < 0]
-            if bad:
+            listed = list(gpus) if not isinstance(gpus, (str, bytes)) and hasattr(gpus, "__iter__") else None
+            if listed is None or any(not isinstance(g, int) or isinstance(g, bool) or g < 0
+                                     for g in listed):
                 raise ValueError(
-                    f"gpus must be GPU indices (integers >= 0) or None, got {gpus!r}.")
+                    f"gpus must be a list of GPU indices (integers >= 0) or None (all), got "
+                    f"{gpus!r}.")
+            gpus = listed
+        for name, value in (("reset_peak_each_epoch", reset_peak_each_epoch),
+                            ("gpu_utilization", gpu_utilization)):
+            check_bool(name, value)
         self.warn_fraction = warn_fraction
         self.host_limit_mb = host_limit_mb
         self.gpu_limit_mb = gpu_limit_mb
@@ -123,7 +128,8 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
         self.gpus = gpus
         self.reset_peak_each_epoch = reset_peak_each_epoch
         self.gpu_utilization = bool(gpu_utilization)
-        self.print_fn = print_fn
+        self.print_fn = check_callable("print_fn", print_fn, "a function of one string (print)",
+                                       allow_none=True)  # None: silent
         self.limits = {}
         self._gpu_indices = None
         self._over = set()

@@ -8,6 +8,7 @@ out of the bar and prints them after it, one short line with units:
 `lr 3.00e-03 | 28.4k tok/s | 1.58k examples/s | 40.6 ms/step | 69.0 GFLOP/s`.
 """
 
+from tfdist.runtime.argtypes import check_callable
 from tfdist.seam.keras_callbacks import ProgbarLoggerHooks
 
 # Keys that are figures about the run, not model metrics, with how to show
@@ -116,7 +117,7 @@ class ProgressLogger(ProgbarLoggerHooks):
 
     def __init__(self, print_fn=print):
         super().__init__()
-        self.print_fn = print_fn
+        self.print_fn = check_callable("print_fn", print_fn, "a function of one string (print)")
 
     def shown_logs(self, logs):
         """The bar shows the model's metrics only (`model_metrics`).

@@ -5,7 +5,7 @@ import time
 import keras
 import numpy as np
 
-from tfdist.runtime.argtypes import check_int_at_least, check_number
+from tfdist.runtime.argtypes import check_callable, check_int_at_least, check_number
 
 
 class ThroughputMeter(keras.callbacks.Callback):
@@ -73,7 +73,8 @@ class ThroughputMeter(keras.callbacks.Callback):
         self.peak_flops = peak_flops
         self.warmup_steps = warmup_steps
         self.steps_per_execution = steps_per_execution
-        self.print_fn = print_fn
+        self.print_fn = check_callable("print_fn", print_fn, "a function of one string (print)",
+                                       allow_none=True)  # None: silent
         self.summary = {}
         self._run_step_times = []
         self._epoch_step_times = []

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tfdist.callbacks.chief import model_strategy, num_workers, task_info
 from tfdist.distribute.collectives import agree
+from tfdist.runtime.argtypes import check_bool
 from tfdist.seam import backup_and_restore_position, set_model_initial_epoch
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class WorkerSafeBackupAndRestore(keras.callbacks.BackupAndRestore):
         if strategy is not None and not hasattr(strategy, "extended"):
             raise ValueError(
                 f"strategy must be a tf.distribute.Strategy or None, got {strategy!r}.")
+        for name, value in (("double_checkpoint", double_checkpoint),
+                            ("delete_checkpoint", delete_checkpoint)):
+            check_bool(name, value)  # Keras takes any value by its truth
         super().__init__(os.fspath(backup_dir), save_freq=save_freq,
                          double_checkpoint=double_checkpoint, delete_checkpoint=delete_checkpoint)
         self.strategy = strategy

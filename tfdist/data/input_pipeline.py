@@ -29,12 +29,12 @@ import logging
 import numbers
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from tfdist.data import sharding
 from tfdist.data.files import check_holds_examples
 from tfdist.data.source import Source
+from tfdist.runtime.argtypes import check_bool
 from tfdist.seam import install_quiet_device_iterators, leave_tfdist_code_unconverted
 
 # Multi-device iterators end without waiting for a tuner they do not use (see the seam).
@@ -210,9 +210,7 @@ class DatasetFn:
                 "pass each (repeat=False), or repeat with steps_per_epoch.")
         for name, value in (("training", training), ("deterministic", deterministic),
                             ("drop_remainder", drop_remainder)):
-            if not isinstance(value, (bool, np.bool_)):
-                # a string such as "no" would count as True
-                raise ValueError(f"{name} must be True or False, got {value!r}.")
+            check_bool(name, value)
         if seed is None and deterministic:
             seed = DEFAULT_DETERMINISTIC_SEED
         self.source = source

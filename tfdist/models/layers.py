@@ -18,6 +18,7 @@ from tfdist.models.activations import GELU_FORMS
 from tfdist.models.dropout import BitsDropout, use_bits_dropout
 from tfdist.models.layer_norm import LayerNormalization
 from tfdist.models.sharded_embedding import ShardedEmbedding
+from tfdist.runtime.argtypes import check_int_at_least
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal")
 
@@ -63,7 +64,7 @@ class PaddingMask(keras.layers.Layer):
 
     def __init__(self, pad_id=0, **kwargs):
         super().__init__(**kwargs)
-        self.pad_id = int(pad_id)
+        self.pad_id = int(check_int_at_least("pad_id", pad_id, 0))
         self.built = True
 
     def call(self, token_ids):

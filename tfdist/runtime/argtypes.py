@@ -142,3 +142,46 @@ def check_number(name, value, *, above=None, at_least=None, below=None, at_most=
         raise ValueError(f"{name} must be {allowed}, got {shown(value)}" + (f"; {hint}" if hint else "")
                          + ".")
     return float(value)
+
+
+def check_bool(name, value):
+    """Checks a flag argument: True or False (a NumPy bool too); returns it as a bool.
+
+    A string such as "no" or a number would otherwise count by its truth,
+    "no" as True.
+
+    Example:
+
+    >>> check_bool("drop_remainder", False)
+    False
+    >>> check_bool("drop_remainder", "no")
+    Traceback (most recent call last):
+    ValueError: drop_remainder must be True or False, got 'no'.
+    """
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not isinstance(value, bool) and not numpy_bool:  # NumPy not imported for this
+        raise ValueError(f"{name} must be True or False, got {shown(value)}.")
+    return bool(value)
+
+
+def check_callable(name, value, what, allow_none=False):
+    """Checks a function argument: callable (or None when `allow_none`); returns it.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the value given.
+        what: what the function is called with and does, for the message.
+        allow_none: whether None (no function) is allowed.
+
+    Example:
+
+    >>> check_callable("print_fn", print, "a function of one string")  # doctest: +ELLIPSIS
+    <built-in function print>
+    >>> check_callable("print_fn", None, "a function of one string")
+    Traceback (most recent call last):
+    ValueError: print_fn must be a function of one string, got None.
+    """
+    if not callable(value) and not (allow_none and value is None):
+        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, got "
+                         f"{shown(value)}.")
+    return value

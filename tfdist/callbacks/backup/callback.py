@@ -14,6 +14,7 @@ from tfdist.callbacks.backup.random_state import random_seed_states
 from tfdist.callbacks.backup.store import BackupInfo, read_backup
 from tfdist.callbacks.backup.writer import BackupWriter
 from tfdist.callbacks.chief import model_strategy, task_info
+from tfdist.runtime.argtypes import check_bool, check_callable
 from tfdist.callbacks.loss_health import loss_health
 from tfdist.distribute.collectives import agree
 from tfdist.distribute.introspection import describe_strategy
@@ -177,8 +178,8 @@ class BackupAndResume(keras.callbacks.Callback):
                 f"{save_freq!r}.")
         if not _is_int(max_to_keep, minimum=1):
             raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
-        if not isinstance(delete_checkpoint, bool):
-            raise ValueError(f"delete_checkpoint must be True or False, got {delete_checkpoint!r}.")
+        check_bool("delete_checkpoint", delete_checkpoint)
+        check_callable("on_discard", on_discard, "a function of no arguments", allow_none=True)
         if verbose not in (0, 1, 2):
             raise ValueError(f"verbose must be 0, 1 or 2, got {verbose!r}.")
         if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
