@@ -1,8 +1,13 @@
-"""argparse value types shared by tfdist's command lines (no TensorFlow import).
+"""Argument checks shared by tfdist's command lines and Python API (no TensorFlow import).
+
+argparse value types (`int_at_least`) parse command-line text; the
+`check_*` functions check a Python argument where it is given and name it,
+what it takes and the value (`shown`) when it is wrong.
 
 Example:
 
     parser.add_argument("--workers", type=int_at_least(1))
+    self.timeout = check_number("timeout", timeout, above=0, unit="seconds")
 """
 
 import argparse
@@ -139,8 +144,8 @@ def check_number(name, value, *, above=None, at_least=None, below=None, at_most=
             allowed += " " + _bound_text(*bounds)
         if none_means is not None:
             allowed += f" or None ({none_means})"
-        raise ValueError(f"{name} must be {allowed}, got {shown(value)}" + (f"; {hint}" if hint else "")
-                         + ".")
+        note = f"; {hint}" if hint else ""
+        raise ValueError(f"{name} must be {allowed}, got {shown(value)}{note}.")
     return float(value)
 
 
