@@ -111,7 +111,8 @@ class DeviceMemoryMonitor(keras.callbacks.Callback):
                 and batch_freq >= 1):
             raise ValueError(f"batch_freq must be an integer >= 1 or None, got {batch_freq!r}.")
         if gpus is not None:
-            listed = list(gpus) if not isinstance(gpus, (str, bytes)) and hasattr(gpus, "__iter__") else None
+            iterable = hasattr(gpus, "__iter__") and not isinstance(gpus, (str, bytes))
+            listed = list(gpus) if iterable else None
             if listed is None or any(not isinstance(g, int) or isinstance(g, bool) or g < 0
                                      for g in listed):
                 raise ValueError(

@@ -131,7 +131,8 @@ def check_number(name, value, *, above=None, at_least=None, below=None, at_most=
                         "bound (below or at_most)")
     if value is None and none_means is not None:
         return None
-    number = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    number = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+              and math.isfinite(value))
     if number and ((above is not None and not value > above)
                    or (at_least is not None and not value >= at_least)
                    or (below is not None and not value < below)

@@ -349,7 +349,8 @@ def _check_class_weight(class_weight, y, sample_weight):
 
 
 def _check_class_weights(class_weight):
-    """Each weight finite and >= 0: NaN or inf makes the loss NaN, a negative weight trains its class away."""
+    """Each weight finite and >= 0: NaN or inf makes the loss NaN, a negative weight
+    trains its class away."""
     for label, weight in class_weight.items():
         check_number(f"class_weight[{label!r}]", weight, at_least=0,
                      hint="a class's weight multiplies its examples' loss")

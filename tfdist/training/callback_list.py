@@ -73,7 +73,8 @@ def make_callback_list(callbacks, model, strategy, *, verbose, epochs, steps, ad
 
 
 def _checked_callbacks(callbacks):
-    """`callbacks` as a new list, each a `keras.callbacks.Callback`, else a ValueError naming the odd one."""
+    """`callbacks` as a new list, each a `keras.callbacks.Callback`, else a ValueError
+    naming the odd one."""
     if callbacks is None:
         return []
     if isinstance(callbacks, (str, bytes, dict)) or not hasattr(callbacks, "__iter__"):
