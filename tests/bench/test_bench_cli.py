@@ -229,6 +229,27 @@ def test_bad_arguments_fail_fast_with_the_bad_value(args, message):
     assert message in result.stdout
 
 
+@pytest.mark.parametrize("parser, args, message", [
+    ("report", ["--point-timeout", "nan"],
+     "argument --point-timeout: must be a finite number of seconds > 0, got 'nan'"),
+    ("report", ["--models", ""], "argument --models: --models: '' names none; choose from "
+                                 "transformer, cnn (comma-separated)"),
+    ("report", ["--compare", ","], "argument --compare: --compare: ',' names none"),
+    ("parameter-server", ["--timeout", "inf"],
+     "argument --timeout: must be a finite number of seconds > 0, got 'inf'"),
+])
+def test_flags_a_run_could_not_use_are_refused_when_parsed(parser, args, message, capsys):
+    """A NaN or infinite point timeout failed at the first two-worker point, after the
+    single-process measurements; an empty --models measured nothing and wrote a report."""
+    from tfdist.bench import commands, ps_bench
+
+    build = commands.report_parser if parser == "report" else ps_bench.build_parser
+    with pytest.raises(SystemExit) as exited:
+        build().parse_args(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--quick", "--models", "transformer", "--max-replicas", "0", "--compare", "none", "--out"],
      "report: error: --out"),

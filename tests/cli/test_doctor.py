@@ -125,6 +125,18 @@ def test_doctor_bad_flag_exits_2():
     assert "--tf-log-level" in result.stdout
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
+def test_doctor_timeout_must_be_a_finite_number_of_seconds(value, capsys):
+    """nan and inf were tracebacks (ValueError, OverflowError) after the first checks; -1
+    reported the all-reduce as hung after -1 s."""
+    with pytest.raises(SystemExit) as exited:
+        doctor.build_parser().parse_args(["--timeout", value])
+    assert exited.value.code == 2
+    assert (f"argument --timeout: must be a finite number of seconds > 0, got {value!r}"
+            in capsys.readouterr().err)
+    assert doctor.build_parser().parse_args(["--timeout", "2.5"]).timeout == 2.5
+
+
 def test_main_exits_1_when_the_check_fails(monkeypatch, capsys):
     failed = doctor.CheckResult(False, 2, 3.0, where="2 logical CPU devices",
                                 error="replica 1 all-reduced to [1.0], expected 3.0")

@@ -407,6 +407,9 @@ def test_workers_die_when_the_launcher_is_sigkilled_and_its_folder_goes_at_the_n
     (["--workers", "2", "--devices-per-worker", "0"], "'0'"),
     (["--workers", "2", "--timeout", "-1"], "'-1'"),
     (["--workers", "2", "--startup-timeout", "-5"], "'-5'"),
+    (["--workers", "2", "--grace-period", "nan"],
+     "must be a finite number of seconds >= 0 (0 disables it), got 'nan'"),
+    (["--workers", "2", "--timeout", "inf"], "'inf'"),
 ])
 def test_bad_arguments_exit_2_naming_the_value(args, named):
     code, out, err, _ = run(args, [PY, "-c", "print('must not run')"])

@@ -18,7 +18,7 @@ import argparse
 import logging
 import sys
 
-from tfdist.runtime.argtypes import int_at_least
+from tfdist.runtime.argtypes import int_at_least, seconds
 from tfdist.bench.report import write_json
 from tfdist.bench.workloads import MODELS
 from tfdist.runtime.quick_exit import skip_exit_garbage_collection
@@ -32,6 +32,9 @@ def _csv(allowed, name):
     """An argparse type: comma-separated values, each one of `allowed`."""
     def parse(text):
         values = tuple(v.strip() for v in text.split(",") if v.strip())
+        if not values:
+            raise argparse.ArgumentTypeError(
+                f"{name}: {text!r} names none; choose from {', '.join(allowed)} (comma-separated)")
         bad = [v for v in values if v not in allowed]
         if bad:
             raise argparse.ArgumentTypeError(
@@ -114,7 +117,7 @@ def report_parser():
     parser.add_argument("--sweep-repeats", type=_positive, default=1,
                         help="run the whole sweep this many times, alternating its order; each "
                              "point keeps its median (default 1)")
-    parser.add_argument("--point-timeout", type=float, default=600.0,
+    parser.add_argument("--point-timeout", type=seconds(), default=600.0,
                         help="seconds per sweep point before it is stopped (default 600)")
     parser.add_argument("--no-profile", action="store_true",
                         help="do not profile 2 steps of each compared setting (into "

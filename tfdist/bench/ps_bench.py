@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from tfdist.runtime.argtypes import int_at_least
+from tfdist.runtime.argtypes import int_at_least, seconds
 from tfdist.bench.report import print_report
 
 MODES = ("all-reduce", "parameter-server")
@@ -57,7 +57,7 @@ def build_parser():
     parser.add_argument("--ps", type=_positive, default=1)
     parser.add_argument("--steps", type=_positive, default=40, help="steps per run (default 40)")
     parser.add_argument("--rounds", type=_positive, default=2)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    parser.add_argument("--timeout", type=seconds(), default=600.0, help="seconds per run")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--quick", action="store_true",
                         help="1 round of 8 steps (a smoke test, not a measurement); flags "

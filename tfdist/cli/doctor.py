@@ -31,6 +31,7 @@ import time
 
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
+from tfdist.runtime.argtypes import seconds
 from tfdist.runtime.cpu_allocator import cpu_allocator_in_use, describe_cpu_allocator
 from tfdist.runtime.onednn import describe_onednn
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
@@ -566,7 +567,7 @@ def build_parser():
     add_tf_log_level_flag(parser)
     parser.add_argument("--skip-allreduce", action="store_true",
                         help="skip the all-reduce check (no strategy is built)")
-    parser.add_argument("--timeout", type=float, default=CHECK_TIMEOUT,
+    parser.add_argument("--timeout", type=seconds(), default=CHECK_TIMEOUT,
                         help="seconds the all-reduce check may take (default %(default)g)")
     return parser
 

@@ -1,10 +1,9 @@
 """The command line of the launcher: `python -m tfdist.launch ... -- command`."""
 
 import argparse
-import math
 import sys
 
-from tfdist.runtime.argtypes import int_at_least
+from tfdist.runtime.argtypes import int_at_least, seconds
 from tfdist.launch.network import PrivateNetworkError, enter_private_network, interfaces
 from tfdist.launch.supervisor import DEFAULT_GRACE_PERIOD, MESSAGE_PREFIX, launch
 
@@ -13,17 +12,7 @@ NETWORK_MODES = ("private", "shared")
 USAGE_EXAMPLE = "python -m tfdist.launch --workers 2 -- python train.py"
 
 _positive_int = int_at_least(1)
-
-
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds >= 0 (0 disables it), got {text!r}")
-    return value
+_seconds = seconds(zero_means="disables it")
 
 
 def build_parser():

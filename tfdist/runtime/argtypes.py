@@ -40,6 +40,38 @@ def int_at_least(minimum):
     return parse
 
 
+def seconds(*, zero_means=None):
+    """An argparse type: a finite number of seconds > 0 (or >= 0 when 0 means something).
+
+    Python's `float` takes "nan" and "inf", which a deadline then cannot use.
+
+    Args:
+        zero_means: what 0 means ("disables it"); None refuses 0.
+
+    Example:
+
+    >>> seconds()("2.5")
+    2.5
+    >>> seconds()("nan")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be a finite number of seconds > 0, got 'nan'
+    >>> seconds(zero_means="disables it")("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be a finite number of seconds >= 0 (0 disables it), got '-1'
+    """
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and zero_means is None):
+            allowed = f">= 0 (0 {zero_means})" if zero_means is not None else "> 0"
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of seconds {allowed}, got {text!r}")
+        return value
+    return parse
+
+
 def shown(value):
     """`repr(value)` for a message, an array as its type and shape when its repr is long.
 
