@@ -97,6 +97,24 @@ def test_each_fault_gets_its_documented_code_and_one_line(tmp_path):
         _known_fault(PROG, KeyError("a bug"), dict(where))  # not a known fault: a traceback
 
 
+@pytest.mark.parametrize("value, raised", [("1", True), ("yes", True), ("0", False),
+                                           ("off", False), ("", False), (None, False)])
+def test_tfdist_traceback_raises_a_known_fault_only_when_it_says_so(monkeypatch, tmp_path, value,
+                                                                     raised):
+    """TFDIST_TRACEBACK=0 used to raise as well: any value did."""
+    if value is None:
+        monkeypatch.delenv("TFDIST_TRACEBACK", raising=False)
+    else:
+        monkeypatch.setenv("TFDIST_TRACEBACK", value)
+    error = ValueError("--epochs must be positive")
+    where = {"model_dir": str(tmp_path / "m"), "backup_dir": None}
+    if raised:
+        with pytest.raises(ValueError, match="--epochs must be positive"):
+            _known_fault(PROG, error, where)
+    else:
+        assert _known_fault(PROG, error, where)[0] == exit_codes.BAD_INPUT
+
+
 def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
     import keras
     import numpy as np

@@ -257,10 +257,28 @@ def _leave_together(where):
         wait_for_peers_at_exit(timeout_seconds=PEER_EXIT_WAIT)
 
 
+TRACEBACK_ENV = "TFDIST_TRACEBACK"
+"""Set to 1 (or true, yes, on) to see an error the runner explains as Python raised it."""
+
+
+def tracebacks_asked(environ=None):
+    """Whether `$TFDIST_TRACEBACK` asks for the full traceback instead of the one line.
+
+    Unset, empty, 0, false, no and off (any case) keep the one line.
+
+    Example:
+
+    >>> tracebacks_asked({"TFDIST_TRACEBACK": "0"})
+    False
+    """
+    value = (os.environ if environ is None else environ).get(TRACEBACK_ENV, "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def _known_fault(prog, error, where):
     """(exit code, one line) for an error the runner explains; re-raises any other."""
     name = type(error).__name__
-    if os.environ.get("TFDIST_TRACEBACK"):
+    if tracebacks_asked():
         raise error
     # By name: tfdist.training.ps_loop and tfdist.distribute.strategy_factory import TensorFlow.
     if name == "ParameterServerLostError":
@@ -312,7 +330,7 @@ def _settle_record(where):
 
 def _cluster_lost(prog, error, where, what):
     """(the retryable exit code, one line) for a cluster that broke."""
-    if os.environ.get("TFDIST_TRACEBACK"):
+    if tracebacks_asked():
         raise error
     text = str(getattr(error, "message", error))
     summary = error_summary(text)
