@@ -186,6 +186,35 @@ def test_decoding_refuses_bad_arguments():
         beam_search_decode(model, SOURCE)
 
 
+def test_decoding_names_token_ids_the_model_cannot_read():
+    """Ids past the vocabulary or the positions were TensorFlow errors from inside the
+    model (a GPU's gather reads zeros for them without a word); negative ids decoded."""
+    model = micro_model()  # source vocabulary 20, 10 source positions; target 24 and 9
+    cases = [
+        (lambda: greedy_decode(model, np.full((1, 4), 20), 5),
+         r"^source_ids holds 20, not a token id of the model's source vocabulary \[0, 20\)\.$"),
+        (lambda: beam_search_decode(model, np.full((1, 4), -3), 2, max_length=5),
+         r"^source_ids holds -3, not a token id of the model's source vocabulary"),
+        (lambda: greedy_decode(model, np.ones((1, 11), "int32"), 5),
+         r"^source_ids has 11 positions, more than the model's 10 source positions: cut it to "
+         r"10, or build the model with source_max_len >= 11\.$"),
+        (lambda: greedy_decode(model, SOURCE[0], 5),
+         r"^source_ids must be token ids of shape \[batch, length\], got shape \[8\]\.$"),
+        (lambda: sequence_scores(model, SOURCE, np.full((3, 4), 24)),
+         r"^output_ids holds 24, not a token id of the model's target vocabulary \[0, 24\)"),
+        (lambda: sequence_scores(model, SOURCE, np.ones((2, 4), "int32")),
+         r"^source_ids has 3 rows and output_ids 2: one output per source sentence\.$"),
+    ]
+    for decode, message in cases:
+        with pytest.raises(ValueError, match=message):
+            decode()
+    with pytest.raises(TypeError, match=r"^model must be an encoder-decoder Keras model"):
+        greedy_decode("model.keras", SOURCE, 5)
+    # the edges themselves are read
+    assert greedy_decode(model, np.array([[19] * 10]), 5).shape == (1, 5)
+    assert sequence_scores(model, SOURCE, np.full((3, 9), 23)).shape == (3,)
+
+
 # ---------------------------------------------------------------- label smoothing
 
 

@@ -51,6 +51,9 @@ def gnmt_length_penalty(length, alpha):
 
 
 def _check_arguments(model, max_length, beam_size=1, length_penalty=0.0):
+    if not callable(model):
+        raise TypeError(f"model must be an encoder-decoder Keras model (build_seq2seq), got "
+                        f"{model!r}.")
     if not isinstance(max_length, numbers.Integral) or isinstance(max_length, bool) \
             or max_length < 1:
         raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}.")
@@ -67,11 +70,42 @@ def _check_arguments(model, max_length, beam_size=1, length_penalty=0.0):
             f"target_max_len.")
 
 
+def _layer_number(model, names, attribute):
+    """`attribute` of the first of the layers `names` the model has, else None (another model)."""
+    for name in names:
+        try:
+            return int(getattr(model.get_layer(name), attribute))
+        except (ValueError, AttributeError, TypeError):
+            continue
+    return None
+
+
 def _target_positions(model):
-    try:
-        return int(model.get_layer("target_positions").max_len)
-    except (ValueError, AttributeError):
-        return None
+    return _layer_number(model, ("target_positions",), "max_len")
+
+
+def _token_ids(name, ids, model, side):
+    """`ids` as an int32 `[batch, length]` tensor, checked against the model's `side`
+    ("source" or "target") positions and vocabulary where the model names them (a
+    `build_seq2seq` model does): out of range, TensorFlow fails deep inside the model on
+    a CPU, and a GPU's gather reads zeros without a word."""
+    ids = tf.convert_to_tensor(ids, tf.int32)
+    if ids.shape.rank is not None and ids.shape.rank != 2:
+        raise ValueError(f"{name} must be token ids of shape [batch, length], got shape "
+                         f"{ids.shape.as_list()}.")
+    positions = _layer_number(model, (f"{side}_positions",), "max_len")
+    length = ids.shape[1]
+    if positions is not None and length is not None and length > positions:
+        raise ValueError(f"{name} has {length} positions, more than the model's {positions} "
+                         f"{side} positions: cut it to {positions}, or build the model with "
+                         f"{side}_max_len >= {length}.")
+    vocab = _layer_number(model, (f"{side}_embedding", "shared_embedding"), "vocab_size")
+    if vocab is not None and tf.executing_eagerly() and tf.size(ids) > 0:
+        low, high = int(tf.reduce_min(ids)), int(tf.reduce_max(ids))
+        if low < 0 or high >= vocab:
+            raise ValueError(f"{name} holds {low if low < 0 else high}, not a token id of the "
+                             f"model's {side} vocabulary [0, {vocab}).")
+    return ids
 
 
 def _step_log_probs(model, source_ids, decoder_input, t):
@@ -106,7 +140,7 @@ def greedy_decode(model, source_ids, max_length, return_scores=False):
     TensorShape([1, 12])
     """
     _check_arguments(model, max_length)
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    source_ids = _token_ids("source_ids", source_ids, model, "source")
     batch = tf.shape(source_ids)[0]
     positions = tf.range(max_length)
 
@@ -168,7 +202,7 @@ def beam_search_decode(model, source_ids, beam_size=4, length_penalty=0.6, max_l
         raise ValueError("beam_search_decode needs max_length (most tokens to produce, EOS "
                          "included), e.g. the data's target_length + 1.")
     _check_arguments(model, max_length, beam_size, length_penalty)
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    source_ids = _token_ids("source_ids", source_ids, model, "source")
     batch = tf.shape(source_ids)[0]
     k = beam_size
     positions = tf.range(max_length)
@@ -235,8 +269,16 @@ def sequence_scores(model, source_ids, output_ids, length_penalty=0.0):
     >>> np.allclose(sequence_scores(model, src, ids, 0.6), scores, atol=1e-4)
     True
     """
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    output_ids = tf.convert_to_tensor(output_ids, tf.int32)
+    if not callable(model):
+        raise TypeError(f"model must be an encoder-decoder Keras model (build_seq2seq), got "
+                        f"{model!r}.")
+    check_number("length_penalty (alpha)", length_penalty, at_least=0)
+    source_ids = _token_ids("source_ids", source_ids, model, "source")
+    output_ids = _token_ids("output_ids", output_ids, model, "target")
+    rows = (source_ids.shape[0], output_ids.shape[0])
+    if None not in rows and rows[0] != rows[1]:
+        raise ValueError(f"source_ids has {rows[0]} rows and output_ids {rows[1]}: one output "
+                         "per source sentence.")
     batch = tf.shape(output_ids)[0]
     decoder_input = tf.concat([tf.fill([batch, 1], BOS_ID), output_ids[:, :-1]], axis=1)
     logits = tf.cast(model((source_ids, decoder_input), training=False), tf.float32)
