@@ -103,6 +103,21 @@ def test_pipeline_arguments_it_would_misread_are_refused(kwargs, error, message)
                            4, seed=np.int64(3), repeat=False, drop_remainder=np.bool_(False)).seed == 3
 
 
+@pytest.mark.parametrize("inputs, message", [
+    (np.full((2, 4), 20), "inputs hold ids in [20, 20], outside [0, vocab_size=20)."),
+    (np.full((2, 4), -1), "inputs hold ids in [-1, -1], outside [0, vocab_size=20)."),
+    # a float id was cut to an integer without a word
+    (np.r_[np.ones(7), 1.5].reshape(2, 4),
+     "inputs must hold integer token ids, got float64 values such as 1.5."),
+    (np.full((2, 4), "a"), "inputs must hold integer token ids, got <U1 values such as 'a'."),
+])
+def test_array_source_refuses_what_is_no_token_id(inputs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ArraySource(inputs, np.zeros((2, 4), "int32"), 20)
+    whole = ArraySource(np.full((2, 4), 19.0), np.zeros((2, 4), "int32"), 20)  # integral floats
+    assert whole.inputs.dtype == np.int32 and whole.inputs.max() == 19
+
+
 @pytest.mark.parametrize("strategy, input_options, message", [
     (None, None, "strategy must be a tf.distribute.Strategy (tfdist.create_strategy(...), or "
                  "tf.distribute.get_strategy() for the default one), got None."),

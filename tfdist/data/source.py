@@ -447,6 +447,12 @@ class ArraySource(SequenceSource):
         if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}.")
         for name, array in (("inputs", inputs), ("targets", targets)):
+            if array.dtype.kind not in "iub" and not (
+                    array.dtype.kind == "f" and np.array_equal(array, np.round(array))):
+                # a float such as 1.5 would be cut to the id 1 without a word
+                odd = array[array != np.round(array)] if array.dtype.kind == "f" else array
+                raise ValueError(f"{name} must hold integer token ids, got {array.dtype} values "
+                                 f"such as {odd.flat[0].tolist()!r}.")
             low, high = int(array.min()), int(array.max())
             if low < 0 or high >= vocab_size:
                 raise ValueError(f"{name} hold ids in [{low}, {high}], outside "
