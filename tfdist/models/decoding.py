@@ -28,8 +28,8 @@ import numbers
 
 import tensorflow as tf
 
-from tfdist.runtime.argtypes import check_number
 from tfdist.data.tokens import BOS_ID, EOS_ID, PAD_ID
+from tfdist.runtime.argtypes import check_number
 
 _NEGATIVE = -1e9  # a log-probability that never wins; finite, so no inf - inf NaNs
 
