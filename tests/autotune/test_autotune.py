@@ -4,6 +4,7 @@ and a real trial of a Keras model trained by tfdist's engine."""
 import json
 import math
 import os
+import re
 
 import keras
 import numpy as np
@@ -66,6 +67,18 @@ def test_an_explicit_setting_closes_its_half_of_the_grid():
         "mixed_bfloat16, XLA off", "mixed_bfloat16, XLA on"]
     assert labels(candidate_grid("float32", "off", on_gpu=False, cpu_flags=AMX)) == [
         "float32, XLA off"]
+
+
+@pytest.mark.parametrize("precision, xla, message", [
+    # a grid of one Candidate("int8", ...) that failed only when the trial applied it
+    ("int8", "auto", "precision must be one of auto, float32, mixed_float16, mixed_bfloat16"),
+    ("bf16", "auto", "(canonical names; tfdist.precision.canonical_precision turns aliases"),
+    # anything but "auto" and "on" was read as off
+    ("float32", "maybe", "xla must be one of auto, on, off, got 'maybe'."),
+])
+def test_a_grid_for_a_setting_it_does_not_know_is_refused(precision, xla, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        candidate_grid(precision, xla, on_gpu=False, cpu_flags=AVX2)
 
 
 def test_a_model_that_cannot_compile_is_never_timed_with_xla():

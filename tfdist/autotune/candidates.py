@@ -20,6 +20,9 @@ Example:
 
 import dataclasses
 
+from tfdist.precision import PRECISIONS
+from tfdist.xla import XLA_MODES
+
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
@@ -76,6 +79,10 @@ def candidate_precisions(precision, on_gpu, gpu_capabilities=(), cpu_flags=()):
     >>> candidate_precisions("mixed_float16", True, [(7, 0)])
     (('mixed_float16',), None)
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)} (canonical names; "
+                         f"tfdist.precision.canonical_precision turns aliases into them), got "
+                         f"{precision!r}.")
     if precision != "auto":
         return (precision,), None
     if on_gpu:
@@ -118,6 +125,8 @@ def candidate_grid(precision, xla, *, on_gpu, gpu_capabilities=(), cpu_flags=(),
     >>> [c.label for c in candidate_grid("auto", "auto", on_gpu=False, cpu_flags={"amx_bf16"})]
     ['float32, XLA off', 'float32, XLA on', 'mixed_bfloat16, XLA off']
     """
+    if xla not in XLA_MODES:
+        raise ValueError(f"xla must be one of {', '.join(XLA_MODES)}, got {xla!r}.")
     policies, _ = candidate_precisions(precision, on_gpu, gpu_capabilities, cpu_flags)
     if xla == "auto":
         compile_choices = (False,) if xla_blocker else (False, True)
