@@ -158,8 +158,9 @@ def test_evaluate_refuses_nan_sample_weights_and_says_how_big_an_array_was():
     with pytest.raises(ValueError, match=r"^sample_weight must hold finite weights >= 0"):
         trainer.evaluate(x, y, sample_weight=np.full(16, np.nan), verbose=0)
     # predict's second argument is batch_size, as in Keras: the array is shown by its shape
-    with pytest.raises(ValueError, match=r"^batch_size must be an integer >= 1, got ndarray of "
-                                         r"shape \(16, 3\)\.$"):
+    with pytest.raises(ValueError, match=r"^predict takes no targets: its second argument is "
+                                         r"batch_size \(as in Keras\), got ndarray of shape "
+                                         r"\(16, 3\)\. Call predict\(x\)"):
         trainer.predict(x, y)
 
 

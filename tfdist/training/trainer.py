@@ -43,7 +43,7 @@ from tfdist.training.tensor_parallel.steps import WorkerReplicaStepFunctions
 from tfdist.training import ps_loop as parameter_server
 from tfdist.training.resume import FIT_POSITION_ATTRIBUTE, FitPosition
 from tfdist.training.step import StepFunctions
-from tfdist.runtime.argtypes import check_int_at_least, check_number
+from tfdist.runtime.argtypes import check_int_at_least, check_number, shown
 
 
 class Trainer:
@@ -529,6 +529,11 @@ class Trainer:
 
         >>> predictions = trainer.predict(x_test, batch_size=256)
         """
+        if getattr(batch_size, "shape", None) is not None:
+            raise ValueError(
+                f"predict takes no targets: its second argument is batch_size (as in Keras), "
+                f"got {shown(batch_size)}. Call predict(x) or predict(x, batch_size=N); "
+                "evaluate(x, y) compares the predictions with targets.")
         if steps is not None:
             _check_positive_int("steps", steps)
         self._follow_model()
