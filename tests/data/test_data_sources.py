@@ -117,6 +117,38 @@ def test_token_tfrecords_round_trip(tmp_path):
     assert got == expected
 
 
+def test_writing_tfrecords_leaves_no_partial_or_mixed_set(tmp_path):
+    """A writer that failed part-way left its files under their final names (a smaller set
+    that reads as whole); a second set of another count sat beside the first, read together
+    with it by `tok-*`; a negative id was written."""
+    prefix = str(tmp_path / "tok")
+
+    def failing_rows():
+        yield [4, 5, 6]
+        yield [7, 8]
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="the source broke"):
+        write_token_tfrecords(failing_rows(), prefix, num_files=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left, not even partials
+
+    first = write_token_tfrecords([[4, 5, 6]] * 4, prefix, num_files=2)
+    again = write_token_tfrecords([[7, 8, 9]] * 6, prefix, num_files=2)  # same set: replaced
+    assert again == first
+    inputs, _ = one_epoch(TFRecordSource(prefix + "-*.tfrecord", sequence_length=2, vocab_size=10))
+    assert len(inputs) == 6 and {int(row[0]) for row in inputs} == {7}
+    with pytest.raises(FileExistsError, match=r"already has shards written as another set "
+                                              r"\(tok-00000-of-00002\.tfrecord, "
+                                              r"tok-00001-of-00002\.tfrecord\); 3 new file"):
+        write_token_tfrecords([[4, 5]] * 3, prefix, num_files=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "tok-00000-of-00002.tfrecord", "tok-00001-of-00002.tfrecord"]
+    with pytest.raises(ValueError, match=r"^sequence 1 holds the token id -2; token ids are "
+                                         r"integers >= 0\.$"):
+        write_token_tfrecords([[4, 5], [6, -2]], str(tmp_path / "neg"))
+    assert not list(tmp_path.glob("neg*"))
+
+
 def test_packed_token_tfrecords_keep_every_token_in_order(tmp_path):
     """600 documents in one file, parsed 256 records at a time: unshuffled, the
     windows are the documents' tokens back to back, the last window padded;

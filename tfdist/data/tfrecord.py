@@ -238,7 +238,7 @@ class TFRecordSource(TFRecordReading, SequenceSource):
 
 
 def _shard_paths(output_prefix, num_files):
-    if not isinstance(num_files, int) or num_files < 1:
+    if isinstance(num_files, bool) or not isinstance(num_files, int) or num_files < 1:
         raise ValueError(f"num_files must be a positive integer, got {num_files!r}.")
     directory = posixpath.dirname(output_prefix)
     if directory:
@@ -246,24 +246,57 @@ def _shard_paths(output_prefix, num_files):
     return [f"{output_prefix}-{i:05d}-of-{num_files:05d}.tfrecord" for i in range(num_files)]
 
 
+def _refuse_another_shard_set(output_prefix, num_files):
+    """Shards of the same prefix written with another file count would stay beside the
+    new ones, and a pattern such as `PREFIX-*` would read both sets as one."""
+    pattern = f"{output_prefix}-?????-of-?????.tfrecord"
+    suffix = f"-of-{num_files:05d}.tfrecord"
+    others = sorted(path for path in tf.io.gfile.glob(pattern) if not path.endswith(suffix))
+    if others:
+        shown = ", ".join(posixpath.basename(path) for path in others[:3])
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise FileExistsError(
+            f"{output_prefix!r} already has shards written as another set ({shown}{more}); "
+            f"{num_files} new file(s) beside them would be read together with them by a "
+            f"pattern such as {output_prefix}-*. Remove them, or write under another prefix.")
+
+
 def write_tfrecord_shards(examples, output_prefix, num_files):
     """Writes `tf.train.Example`s round-robin into `num_files` TFRecord files.
 
+    The files are written under temporary names and renamed when every
+    example is in: if `examples` raises, no file of the set is left behind
+    (a partial set would read as a whole, smaller one). A set of the same
+    prefix and count is replaced; one of another count is refused.
+
     Returns:
         The paths written, `<output_prefix>-0000i-of-0000n.tfrecord`.
+
+    Raises:
+        FileExistsError: shards of the same prefix with another count exist.
 
     Example:
 
         paths = write_tfrecord_shards(examples, "/data/train", num_files=2)
     """
     paths = _shard_paths(output_prefix, num_files)
-    writers = [tf.io.TFRecordWriter(path) for path in paths]
+    _refuse_another_shard_set(output_prefix, num_files)
+    partial = [f"{path}.partial" for path in paths]
+    writers = [tf.io.TFRecordWriter(path) for path in partial]
     try:
-        for i, example in enumerate(examples):
-            writers[i % num_files].write(example.SerializeToString())
-    finally:
-        for writer in writers:
-            writer.close()
+        try:
+            for i, example in enumerate(examples):
+                writers[i % num_files].write(example.SerializeToString())
+        finally:
+            for writer in writers:
+                writer.close()
+    except BaseException:
+        for path in partial:
+            if tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
+        raise
+    for path, final in zip(partial, paths, strict=True):
+        tf.io.gfile.rename(path, final, overwrite=True)
     return paths
 
 
@@ -288,8 +321,11 @@ def write_token_tfrecords(sequences, output_prefix, num_files=1, feature="tokens
     ['/tmp/tok-00000-of-00002.tfrecord', '/tmp/tok-00001-of-00002.tfrecord']
     """
     def examples():
-        for sequence in sequences:
+        for row, sequence in enumerate(sequences):
             ids = [int(t) for t in sequence]
+            if ids and min(ids) < 0:
+                raise ValueError(f"sequence {row} holds the token id {min(ids)}; token ids are "
+                                 "integers >= 0.")
             yield tf.train.Example(features=tf.train.Features(feature={
                 feature: tf.train.Feature(int64_list=tf.train.Int64List(value=ids))}))
     return write_tfrecord_shards(examples(), output_prefix, num_files)
