@@ -24,12 +24,10 @@ Example:
                                      max_length=31, return_scores=True)
 """
 
-import numbers
-
 import tensorflow as tf
 
 from tfdist.data.tokens import BOS_ID, EOS_ID, PAD_ID
-from tfdist.runtime.argtypes import check_number
+from tfdist.runtime.argtypes import check_int_at_least, check_number
 
 _NEGATIVE = -1e9  # a log-probability that never wins; finite, so no inf - inf NaNs
 
@@ -50,16 +48,16 @@ def gnmt_length_penalty(length, alpha):
     return tf.pow((5.0 + length) / 6.0, tf.cast(alpha, tf.float32))
 
 
-def _check_arguments(model, max_length, beam_size=1, length_penalty=0.0):
+def _check_model(model):
     if not callable(model):
         raise TypeError(f"model must be an encoder-decoder Keras model (build_seq2seq), got "
                         f"{model!r}.")
-    if not isinstance(max_length, numbers.Integral) or isinstance(max_length, bool) \
-            or max_length < 1:
-        raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}.")
-    if not isinstance(beam_size, numbers.Integral) or isinstance(beam_size, bool) \
-            or beam_size < 1:
-        raise ValueError(f"beam_size must be an integer >= 1, got {beam_size!r}.")
+
+
+def _check_arguments(model, max_length, beam_size=1, length_penalty=0.0):
+    _check_model(model)
+    check_int_at_least("max_length", max_length, 1)
+    check_int_at_least("beam_size", beam_size, 1)
     check_number("length_penalty (alpha)", length_penalty, at_least=0,
                  hint="0 disables it, 0.6 is GNMT's choice")
     positions = _target_positions(model)
@@ -269,9 +267,7 @@ def sequence_scores(model, source_ids, output_ids, length_penalty=0.0):
     >>> np.allclose(sequence_scores(model, src, ids, 0.6), scores, atol=1e-4)
     True
     """
-    if not callable(model):
-        raise TypeError(f"model must be an encoder-decoder Keras model (build_seq2seq), got "
-                        f"{model!r}.")
+    _check_model(model)
     check_number("length_penalty (alpha)", length_penalty, at_least=0)
     source_ids = _token_ids("source_ids", source_ids, model, "source")
     output_ids = _token_ids("output_ids", output_ids, model, "target")
