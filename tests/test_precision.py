@@ -64,6 +64,24 @@ def test_cpu_flags_come_from_the_environment_when_described_there(monkeypatch):
     assert detect_precision(gpu_capabilities=[]).policy == "mixed_bfloat16"
 
 
+@pytest.mark.parametrize("written, meant", [("AVX2", "avx2"), ("avx512bf16", "avx512_bf16"),
+                                             ("amx-bf16", "amx_bf16"), ("AMX_TILE", "amx_tile")])
+def test_a_flag_spelt_otherwise_than_the_cpu_spells_it_is_refused(written, meant):
+    """Counted as absent, it made `auto` pick for another CPU than the one described."""
+    from tfdist.precision import cpu_flags
+
+    with pytest.raises(ValueError) as error:
+        cpu_flags(environ={"TFDIST_CPU_FLAGS": f"fma {written}"})
+    assert f"names {written!r}" in str(error.value) and f"did you mean {meant!r}" in str(error.value)
+
+
+def test_flags_no_rule_reads_are_kept_as_written():
+    from tfdist.precision import cpu_flags
+
+    assert cpu_flags(environ={"TFDIST_CPU_FLAGS": "sse4_2 vaes avx512_vnni"}) == {
+        "sse4_2", "vaes", "avx512_vnni"}
+
+
 @pytest.mark.parametrize("alias, name", [("bf16", "mixed_bfloat16"), ("FP16", "mixed_float16"),
                                          ("fp32", "float32"), (" mixed_bf16 ", "mixed_bfloat16")])
 def test_aliases_resolve_to_keras_policies(alias, name):

@@ -32,6 +32,10 @@ PRECISION_ALIASES = {
 }
 CPU_FLAGS_ENV = "TFDIST_CPU_FLAGS"
 _CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+# The CPU flags tfdist's rules and autotune's cache read, spelt as Linux's
+# /proc/cpuinfo spells them.
+HARDWARE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
+                  "amx_int8", "fma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +106,8 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo", environ=None):
     what the CPU reports: set it to see what `--precision auto` would pick on
     another kind of CPU, and in tests, so that they do not depend on the
     machine that runs them. Set but empty, it describes a CPU with no flags.
+    A flag tfdist reads spelt otherwise than /proc/cpuinfo spells it
+    (`AVX2`, `avx512bf16`) is refused with a ValueError naming the spelling.
 
     Example:
 
@@ -112,7 +118,15 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo", environ=None):
     """
     environ = os.environ if environ is None else environ
     if CPU_FLAGS_ENV in environ:
-        return set(environ[CPU_FLAGS_ENV].replace(",", " ").split())
+        flags = set(environ[CPU_FLAGS_ENV].replace(",", " ").split())
+        for flag in sorted(flags):
+            meant = _flag_meant(flag)
+            if meant is not None:
+                raise ValueError(
+                    f"${CPU_FLAGS_ENV} names {flag!r}, which is not how /proc/cpuinfo spells a "
+                    f"flag: did you mean {meant!r}? (the flags tfdist reads: "
+                    f"{' '.join(HARDWARE_FLAGS)})")
+        return flags
     try:
         with open(cpuinfo_path) as cpuinfo:
             for line in cpuinfo:
@@ -121,6 +135,19 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo", environ=None):
     except OSError:
         pass
     return set()
+
+
+def _flag_meant(flag):
+    """The flag of HARDWARE_FLAGS that `flag` misspells (case, `-` or `_` aside), else None.
+
+    A misspelt flag would otherwise count as absent, and `auto` would pick
+    for a CPU without it, silently.
+    """
+    squeezed = flag.lower().replace("-", "").replace("_", "")
+    for known in HARDWARE_FLAGS:
+        if flag != known and squeezed == known.replace("_", ""):
+            return known
+    return None
 
 
 def cpu_model_name(cpuinfo_path="/proc/cpuinfo"):

@@ -125,6 +125,14 @@ def test_doctor_bad_flag_exits_2():
     assert "--tf-log-level" in result.stdout
 
 
+def test_doctor_refuses_a_misspelt_cpu_flag_before_tensorflow(monkeypatch, capsys):
+    monkeypatch.setenv("TFDIST_CPU_FLAGS", "AVX2 fma")
+    monkeypatch.setattr(doctor, "import_tensorflow", lambda level: pytest.fail("TensorFlow started"))
+    assert doctor.main(["--skip-allreduce"]) == 2
+    assert ("tfdist doctor: error: $TFDIST_CPU_FLAGS names 'AVX2'"
+            in capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
 def test_doctor_timeout_must_be_a_finite_number_of_seconds(value, capsys):
     """nan and inf were tracebacks (ValueError, OverflowError) after the first checks; -1

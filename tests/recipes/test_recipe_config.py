@@ -276,6 +276,20 @@ def test_gpu_memory_contradicting_the_environment_is_refused_before_tensorflow(m
     check_before_tensorflow(RECIPE, parse_config([], RECIPE.all_options(), prog="test"))
 
 
+def test_misspelt_cpu_flags_are_refused_before_tensorflow(monkeypatch):
+    """`avx512bf16` counted as absent: `auto` picked float32 for a bfloat16 CPU, silently."""
+    from tfdist.recipes.preflight import check_before_tensorflow
+    from tfdist.recipes.transformer import RECIPE
+
+    config = parse_config([], RECIPE.all_options(), prog="test")
+    monkeypatch.setenv("TFDIST_CPU_FLAGS", "avx2 avx512bf16")
+    with pytest.raises(ConfigError, match=r"\$TFDIST_CPU_FLAGS names 'avx512bf16'.*did you mean "
+                                          r"'avx512_bf16'"):
+        check_before_tensorflow(RECIPE, config)
+    monkeypatch.setenv("TFDIST_CPU_FLAGS", "avx2 avx512_bf16 sse4_2")
+    check_before_tensorflow(RECIPE, config)
+
+
 def test_slurm_resolver_reaches_the_strategy_factory():
     from helpers.recipe_util import run_recipe
 

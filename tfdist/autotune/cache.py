@@ -36,15 +36,12 @@ import logging
 import os
 import tempfile
 
-from tfdist.precision import cpu_model_name
+from tfdist.precision import HARDWARE_FLAGS, cpu_model_name
 
 logger = logging.getLogger("tfdist")
 
 CACHE_ENV = "TFDIST_AUTOTUNE_CACHE"
 FORMAT_VERSION = 1
-
-_HARDWARE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
-                   "amx_int8", "fma")
 
 
 def default_cache_path(environ=None):
@@ -85,7 +82,7 @@ def hardware_signature(cpu_flags, gpus=(), cpu_name=None, cpus=None):
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu_name if cpu_name is not None else cpu_model_name(),
-            "cpu_flags": sorted(set(cpu_flags).intersection(_HARDWARE_FLAGS)),
+            "cpu_flags": sorted(set(cpu_flags).intersection(HARDWARE_FLAGS)),
             "cpus": cpus, "gpus": [[name, list(capability)] for name, capability in gpus]}
 
 

@@ -588,7 +588,8 @@ def main(argv=None):
 
     Returns:
         0 when the all-reduce check passes or is skipped, 1 when it fails
-        or `TF_CONFIG` is malformed, 2 for a bad `$TF_CPP_MIN_LOG_LEVEL`.
+        or `TF_CONFIG` is malformed, 2 for a bad `$TF_CPP_MIN_LOG_LEVEL` or
+        a misspelt flag in `$TFDIST_CPU_FLAGS`.
 
     Example:
 
@@ -597,6 +598,7 @@ def main(argv=None):
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
+        cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS is refused before TensorFlow starts
         tf = import_tensorflow(args.tf_log_level)
     except ValueError as error:
         print(f"tfdist doctor: error: {error}", file=sys.stderr)

@@ -12,6 +12,7 @@ import os
 from tfdist.autotune.cache import CACHE_ENV, cache_problem
 from tfdist.autotune.modes import why_flags_rule_out_a_trial
 from tfdist.data.specs import TFRECORD_SCHEMES, dataset_scheme, missing_local_path
+from tfdist.precision import cpu_flags
 from tfdist.recipes.config import ConfigError
 from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
@@ -56,7 +57,8 @@ def check_before_tensorflow(recipe, config):
     against the strategy, `--gpu-memory` against
     `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
     (when the run's length is known without reading data), and the flags
-    that need `--model-dir` (or `--backup-dir`).
+    that need `--model-dir` (or `--backup-dir`), and `$TFDIST_CPU_FLAGS`'s
+    spelling.
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -88,6 +90,10 @@ def check_before_tensorflow(recipe, config):
     check_tensorboard_flags(config)
     check_backup_flags(config)
     check_autotune_flags(config)
+    try:
+        cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS would make `auto` pick for another CPU
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     steps_per_epoch = config.steps_per_epoch
     if steps_per_epoch is None and recipe.train_examples is not None:
         examples = recipe.train_examples(config)
