@@ -598,7 +598,7 @@ def main(argv=None):
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
-        cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS is refused before TensorFlow starts
+        flags = cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS is refused before TensorFlow starts
         tf = import_tensorflow(args.tf_log_level)
     except ValueError as error:
         print(f"tfdist doctor: error: {error}", file=sys.stderr)
@@ -621,7 +621,6 @@ def main(argv=None):
             gpu_details.append((gpu.name, {}))
     capabilities = [tuple(details.get("compute_capability") or (0, 0))
                     for _, details in gpu_details]
-    flags = cpu_flags()
     choice = detect_precision(gpu_capabilities=capabilities, flags=flags)
     jit_compile, xla_reason = resolve_xla("auto", choice.policy, on_gpu=bool(gpus))
     from tfdist.models.builders import FUSED_BATCH_NORM_BEATS_XLA  # the models import Keras
