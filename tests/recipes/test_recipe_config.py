@@ -160,6 +160,45 @@ def test_recipes_dir_env_is_searched_before_the_shipped_recipes(tmp_path, monkey
     assert parse(["--config", "transformer_tiny"]).epochs == 7
 
 
+def test_a_recipes_dir_entry_that_is_not_a_folder_is_refused_not_skipped(tmp_path, monkeypatch):
+    # Skipped, a misspelt folder would let the shipped transformer_tiny stand in for the user's.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "transformer_tiny.yaml").write_text("epochs: 7\n")
+    a_file = tmp_path / "recipes.txt"
+    a_file.write_text("")
+    for entry, what in ((tmp_path / "mien", "which does not exist"),
+                        (a_file, "which is a file, not a folder")):
+        monkeypatch.setenv("TFDIST_RECIPES_DIR", os.pathsep.join([str(mine), str(entry)]))
+        with pytest.raises(ConfigError) as error:
+            parse(["--config", "transformer_tiny"])
+        message = str(error.value)
+        assert message.startswith(f"$TFDIST_RECIPES_DIR lists {str(entry)!r}, {what}: ")
+        assert "Fix the path, or remove it from $TFDIST_RECIPES_DIR" in message
+        assert "\n" not in message
+    # Empty entries (a trailing ':') are no folder named; a path given as such needs no search.
+    monkeypatch.setenv("TFDIST_RECIPES_DIR", str(mine) + os.pathsep)
+    assert parse(["--config", "transformer_tiny"]).epochs == 7
+    monkeypatch.setenv("TFDIST_RECIPES_DIR", str(tmp_path / "mien"))
+    assert parse(["--config", str(mine / "transformer_tiny.yaml")]).epochs == 7
+
+
+@pytest.mark.parametrize("text, where, problem", [
+    ("epochs: [1,\n", "line 2, column 1", "expected the node content, but found '<stream end>' "
+                                          "(while parsing a flow node)"),
+    ("epochs: 1\n\tseed: 2\n", "line 2, column 1", "found character '\\t' that cannot start any "
+                                                   "token (while scanning for the next token)"),
+    ("epochs: seed: 2\n", "line 1, column 13", "mapping values are not allowed here"),
+])
+def test_a_config_file_that_is_not_yaml_is_one_line_naming_where(tmp_path, text, where, problem):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        parse(["--config", str(path)])
+    assert str(error.value) == (f"Config file {path} is not valid YAML: {where}: {problem}. Fix "
+                                f"the file (`--print-config` without `--config` prints a valid one).")
+
+
 def test_the_device_limit_is_named_with_a_count_that_works(tmp_path):
     from tfdist.distribute.device_limits import MAX_DEVICES_PER_WORKER
 

@@ -368,8 +368,7 @@ def find_config_file(name_or_path, search_dirs=None):
     if os.path.isfile(name_or_path):
         return name_or_path
     if search_dirs is None:
-        search_dirs = [d for d in os.environ.get(CONFIG_DIRS_ENV, "").split(os.pathsep) if d]
-        search_dirs.append(PACKAGED_CONFIGS)
+        search_dirs = [*recipes_dirs_from_environment(), PACKAGED_CONFIGS]
     tried = [name_or_path]
     for folder in search_dirs:
         for candidate in (name_or_path, name_or_path + ".yaml", name_or_path + ".yml"):
@@ -382,6 +381,57 @@ def find_config_file(name_or_path, search_dirs=None):
     raise ConfigError(f"Config file {name_or_path!r} not found. Looked at: {', '.join(tried)}. "
                       f"The shipped configs: {shipped}; your own by name: put their folder in "
                       f"${CONFIG_DIRS_ENV}.")
+
+
+def recipes_dirs_from_environment():
+    """The folders `$TFDIST_RECIPES_DIR` lists (`:`-separated; empty entries skipped).
+
+    A listed folder that does not exist is refused rather than skipped: a
+    misspelt one would otherwise let a shipped recipe of the same name stand
+    in, silently, for the user's own.
+
+    Raises:
+        ConfigError: an entry that is not a folder, named with the way out.
+
+    Example:
+
+    >>> os.environ["TFDIST_RECIPES_DIR"] = "/srv/recipes"
+    >>> recipes_dirs_from_environment()
+    ['/srv/recipes']
+    """
+    folders = [d for d in os.environ.get(CONFIG_DIRS_ENV, "").split(os.pathsep) if d]
+    for folder in folders:
+        if not os.path.isdir(folder):
+            what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+            raise ConfigError(
+                f"${CONFIG_DIRS_ENV} lists {folder!r}, which {what}: a "
+                f"recipe of the same name would be taken from the next folder or the "
+                f"shipped ones instead of yours. Fix the path, or remove it from "
+                f"${CONFIG_DIRS_ENV} (unset it to use the shipped recipes only).")
+    return folders
+
+
+def yaml_error_line(error):
+    """One line from a PyYAML parse error: where in the file, then what is wrong there.
+
+    PyYAML's own message spans several lines (a context, the problem, a quoted
+    position); a refused config file is reported on one.
+
+    Example:
+
+    >>> try:
+    ...     yaml.safe_load("epochs: [1,\n")
+    ... except yaml.YAMLError as error:
+    ...     yaml_error_line(error)
+    "line 2, column 1: expected the node content, but found '<stream end>' (while parsing a flow node)"
+    """
+    problem = getattr(error, "problem", None)
+    if not problem:
+        return " ".join(str(error).split())
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    context = getattr(error, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def load_config_file(path, options):
@@ -410,8 +460,11 @@ def load_config_file(path, options):
     try:
         with open(path) as stream:
             raw = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError) as error:
+    except OSError as error:
         raise ConfigError(f"Cannot read config file {path}: {error}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"Config file {path} is not valid YAML: {yaml_error_line(error)}. Fix "
+                          f"the file (`--print-config` without `--config` prints a valid one).") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
