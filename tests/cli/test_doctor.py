@@ -133,6 +133,16 @@ def test_doctor_refuses_a_misspelt_cpu_flag_before_tensorflow(monkeypatch, capsy
             in capsys.readouterr().err)
 
 
+def test_doctor_refuses_a_pool_limit_tensorflow_cannot_use_before_tensorflow(monkeypatch,
+                                                                            capsys):
+    monkeypatch.setenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", "lots")
+    monkeypatch.setattr(doctor, "import_tensorflow", lambda level: pytest.fail("TensorFlow started"))
+    assert doctor.main(["--skip-allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfdist doctor: error: $TF_CPU_BFC_MEM_LIMIT_IN_MB='lots' is not a "
+                          "whole number of MiB > 0") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "soon"])
 def test_doctor_timeout_must_be_a_finite_number_of_seconds(value, capsys):
     """nan and inf were tracebacks (ValueError, OverflowError) after the first checks; -1

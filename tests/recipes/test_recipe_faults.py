@@ -143,6 +143,61 @@ def test_rerun_lines_name_the_backup_a_rerun_resumes_from(tmp_path):
         f"{backup_dir}.")
 
 
+def test_a_tensor_that_does_not_fit_is_one_line_naming_it_and_the_flags_that_shrink_a_step(
+        tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.delenv("TF_CPU_BFC_MEM_LIMIT_IN_MB", raising=False)
+    where = {"model_dir": str(tmp_path / "m"), "backup_dir": None,
+             "batch": (256, 2, "float32")}
+    eager = tf.errors.ResourceExhaustedError(None, None, (
+        "{{function_node __wrapped__MatMul_device_/job:localhost/replica:0/task:0/device:GPU:0}} "
+        "OOM when allocating tensor with shape[256,128,8000] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc [Op:MatMul]"))
+    code, line = _known_fault(PROG, eager, dict(where))
+    assert code == exit_codes.BAD_INPUT and "\n" not in line
+    full = str(tmp_path / "m" / "errors")
+    assert re.fullmatch(
+        rf"{re.escape(PROG)}: error: out of memory on GPU:0: a float tensor of shape "
+        r"\[256, 128, 8000\] did not fit \(allocator GPU_0_bfc\)\. Lower --global-batch-size "
+        r"\(now 256\), or keep it with --grad-accum-steps 4 \(micro-batches half as large\), or "
+        r"train in mixed precision \(--precision mixed_bfloat16; now float32\)\. Full error: "
+        rf"{re.escape(full)}/\S+\.txt", line), line
+    assert "OOM when allocating" in open(line.rsplit(" ", 1)[1]).read()
+    # A compiled step names only the size; a mixed-precision run is not told to use one.
+    graph = tf.errors.ResourceExhaustedError(None, None, (
+        "Graph execution error:\n\nDetected at node while/cond_1/StatefulPartitionedCall "
+        "defined at (most recent call last):\n...\nOut of memory while trying to allocate "
+        "31.03MiB.\n\t [[{{node while/cond_1/StatefulPartitionedCall}}]]"))
+    _, line = _known_fault(PROG, graph, dict(where, batch=(64, 1, "mixed_bfloat16")))
+    assert line.startswith(f"{PROG}: error: out of memory while allocating 31.03MiB in a step. "
+                           "Lower --global-batch-size (now 64), or keep it with "
+                           "--grad-accum-steps 2 (micro-batches half as large). Full error: "), line
+    # A full disk is also a ResourceExhaustedError (SaveV2): still the disk's line.
+    disk = tf.errors.ResourceExhaustedError(None, None, "ckpt-3_temp/part-0; No space left on "
+                                                        "device [Op:SaveV2]")
+    assert "The disk is full" in _known_fault(PROG, disk, dict(where))[1]
+
+
+def test_a_pool_limit_tensorflow_cannot_use_is_refused_before_tensorflow(tmp_path):
+    """With TensorFlow's CPU memory pool on, `lots` crashed the run at its first tensor (a
+    segmentation fault). A real out-of-memory run is not started here: TensorFlow's pool
+    retries each failed allocation for seconds before it raises (30 s for the tiny
+    Transformer in an 8 MiB pool); the line it gets is checked above, from TensorFlow's
+    own error and text."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdist.recipes.transformer", *TINY, "--model-dir",
+         str(tmp_path / "refused")], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=120,
+        env=dict(os.environ, TF_CPU_BFC_MEM_LIMIT_IN_MB="lots", TF_CPU_ALLOCATOR_USE_BFC="true",
+                 PYTHONPATH=str(REPO_ROOT)))
+    assert result.returncode == exit_codes.BAD_INPUT, result.stdout[-3000:]
+    (line,) = result.stdout.splitlines()  # nothing before it: TensorFlow did not start
+    assert line.startswith(f"{PROG}: error: $TF_CPU_BFC_MEM_LIMIT_IN_MB='lots' is not a whole "
+                           "number of MiB > 0 "), line
+    assert not (tmp_path / "refused").exists()
+
+
 def test_a_long_tensorflow_error_is_cut_at_a_word_and_kept_whole_in_a_file(tmp_path):
     assert error_summary("Graph execution error:\n\nshort one\nsecond") == "short one"
     text = "Socket closed by the peer while the collective waited " * 10

@@ -12,7 +12,7 @@ import pytest
 
 from helpers.paths import REPO_ROOT
 from tfdist.runtime.cpu_allocator import (POOL_ENV, POOL_LIMIT_ENV, describe_cpu_allocator,
-                                          machine_memory_mb, pool_cpu_memory)
+                                          machine_memory_mb, pool_cpu_memory, pool_limit_problem)
 from tfdist.runtime.onednn import ONEDNN_ENV
 
 
@@ -37,6 +37,27 @@ def test_an_explicit_yes_or_limit_is_kept():
     assert environ == {POOL_ENV: "1", POOL_LIMIT_ENV: "2048"}
     environ = {POOL_ENV: "True"}
     assert pool_cpu_memory(environ) == {POOL_LIMIT_ENV: str(machine_memory_mb())}
+
+
+# TensorFlow reads the limit as a whole number of MiB: with the pool on, "lots" and "0"
+# crashed the process at its first tensor (a segmentation fault), "1.5" ran out of memory.
+@pytest.mark.parametrize("limit", ["lots", "0", "1.5", "-5", "", "8 GiB"])
+def test_a_pool_limit_tensorflow_cannot_use_is_named_and_the_pool_not_turned_on(limit):
+    problem = pool_limit_problem({POOL_LIMIT_ENV: limit})
+    assert problem.startswith(f"${POOL_LIMIT_ENV}={limit!r} is not a whole number of MiB > 0 "), problem
+    assert f"set one such as 8192, or unset it for this machine's {machine_memory_mb()} MiB" in problem
+    environ = {POOL_LIMIT_ENV: limit}
+    assert pool_cpu_memory(environ) == {} and environ == {POOL_LIMIT_ENV: limit}
+    # The pool asked for in the environment: the user's choice, refused by the recipes.
+    assert pool_limit_problem({POOL_ENV: "true", POOL_LIMIT_ENV: limit}) == problem
+    # Without the pool TensorFlow does not read the limit: nothing to say.
+    assert pool_limit_problem({POOL_ENV: "false", POOL_LIMIT_ENV: limit}) is None
+
+
+@pytest.mark.parametrize("limit", ["8192", " 512", "1"])
+def test_a_whole_number_of_mib_is_a_limit(limit):
+    assert pool_limit_problem({POOL_LIMIT_ENV: limit}) is None
+    assert pool_limit_problem({POOL_ENV: "1", POOL_LIMIT_ENV: limit}) is None
 
 
 def _allocator(code, **env):
@@ -72,8 +93,11 @@ def _allocator(code, **env):
     ("import tfdist", {ONEDNN_ENV: "1"}, "pool true True"),
     ("import tfdist", {POOL_ENV: "false", ONEDNN_ENV: "1"}, "pool false True"),
     ("import tensorflow as tf\ntf.zeros([1])", {ONEDNN_ENV: "1"}, "pool true True"),
+    # A limit TensorFlow cannot read: the pool, which would crash, is left off.
+    ("import tfdist", {POOL_LIMIT_ENV: "lots"}, "malloc None False"),
 ], ids=["a tensor before tfdist", "tfdist first", "tensorflow first", "keras first",
-        "explicit false", "onednn", "onednn explicit false", "onednn a tensor before tfdist"])
+        "explicit false", "onednn", "onednn explicit false", "onednn a tensor before tfdist",
+        "a limit tensorflow cannot read"])
 def test_what_a_fresh_process_allocates_with(code, env, expected):
     assert _allocator(code, **env) == expected
 

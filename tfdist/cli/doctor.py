@@ -32,7 +32,8 @@ import time
 from tfdist import __version__
 from tfdist.precision import CPU_FLAGS_ENV, cpu_flags, cpu_model_name, detect_precision
 from tfdist.runtime.argtypes import seconds
-from tfdist.runtime.cpu_allocator import cpu_allocator_in_use, describe_cpu_allocator
+from tfdist.runtime.cpu_allocator import (cpu_allocator_in_use, describe_cpu_allocator,
+                                          pool_limit_problem)
 from tfdist.runtime.onednn import describe_onednn
 from tfdist.runtime.tf_logging import add_tf_log_level_flag, import_tensorflow
 from tfdist.xla import leave_uncompiled_where_slower, resolve_xla
@@ -588,8 +589,9 @@ def main(argv=None):
 
     Returns:
         0 when the all-reduce check passes or is skipped, 1 when it fails
-        or `TF_CONFIG` is malformed, 2 for a bad `$TF_CPP_MIN_LOG_LEVEL` or
-        a misspelt flag in `$TFDIST_CPU_FLAGS`.
+        or `TF_CONFIG` is malformed, 2 for a bad `$TF_CPP_MIN_LOG_LEVEL`, a
+        misspelt flag in `$TFDIST_CPU_FLAGS` or a CPU memory pool limit
+        TensorFlow cannot use (`$TF_CPU_BFC_MEM_LIMIT_IN_MB`).
 
     Example:
 
@@ -599,6 +601,9 @@ def main(argv=None):
     args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         flags = cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS is refused before TensorFlow starts
+        pool_problem = pool_limit_problem()  # TensorFlow would crash at its first tensor
+        if pool_problem is not None:
+            raise ValueError(pool_problem)
         tf = import_tensorflow(args.tf_log_level)
     except ValueError as error:
         print(f"tfdist doctor: error: {error}", file=sys.stderr)

@@ -18,6 +18,7 @@ from tfdist.recipes.model_parallel_flags import check_model_parallel_flags
 from tfdist.recipes.recipe_optimizer import optimizer_steps
 from tfdist.recipes.record import HISTORY_DIR, RECORD_FILE
 from tfdist.recipes.tensor_parallel_flags import check_tensor_parallel_flags
+from tfdist.runtime.cpu_allocator import pool_limit_problem
 from tfdist.runtime.gpu_memory import check_allow_growth_env
 from tfdist.schedules.choices import (MIN_STEPS_AFTER_WARMUP, MOMENT_SETTINGS,
                                       SCHEDULES_NEEDING_WARMUP, SCHEDULES_SHAPED_BY_THE_RUN,
@@ -57,8 +58,8 @@ def check_before_tensorflow(recipe, config):
     against the strategy, `--gpu-memory` against
     `$TF_FORCE_GPU_ALLOW_GROWTH`, a warmup that must end before the run does
     (when the run's length is known without reading data), and the flags
-    that need `--model-dir` (or `--backup-dir`), and `$TFDIST_CPU_FLAGS`'s
-    spelling.
+    that need `--model-dir` (or `--backup-dir`), `$TFDIST_CPU_FLAGS`'s
+    spelling, and the CPU memory pool's limit (`pool_limit_problem`).
 
     Raises:
         ConfigError: naming the flag and the way out.
@@ -94,6 +95,9 @@ def check_before_tensorflow(recipe, config):
         cpu_flags()  # a misspelt $TFDIST_CPU_FLAGS would make `auto` pick for another CPU
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    pool_problem = pool_limit_problem()
+    if pool_problem is not None:
+        raise ConfigError(pool_problem)
     steps_per_epoch = config.steps_per_epoch
     if steps_per_epoch is None and recipe.train_examples is not None:
         examples = recipe.train_examples(config)

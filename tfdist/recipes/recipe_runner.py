@@ -42,7 +42,7 @@ from tfdist.recipes.record import (RunHistory, changed_keys, config_values, desc
 from tfdist.recipes.run_report import (backup_name, environment_errno,
                                    environment_line, final_block, finished_anyway_line,
                                    gpu_memory_line, interrupted_line, missing_outputs_line,
-                                   newest_backup, outputs_block, preempted_line,
+                                   newest_backup, out_of_memory_line, outputs_block, preempted_line,
                                    save_full_error, skipped_line, start_block, error_summary)
 from tfdist.runtime.stop_signals import PREEMPTED_EXIT_CODE, Preempted
 from tfdist.xla import respect_xla_blocker
@@ -191,7 +191,8 @@ def run_recipe(recipe, argv=None):
         # (CI logs, the launcher), so default to a line per epoch there.
         config.verbose = 1 if sys.stdout.isatty() else 2
     _configure_logging(config.verbose)
-    where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir}
+    where = {"command": f"{prog} {shlex.join(argv)}".strip(), "model_dir": config.model_dir,
+             "batch": (config.global_batch_size, config.grad_accum_steps, config.precision)}
     skip_exit_garbage_collection()  # exit right after the last line, not seconds later
     try:
         return _run(recipe, config, prog, where)
@@ -294,9 +295,11 @@ def _known_fault(prog, error, where):
         # them on one line rather than burying them in a traceback.
         return exit_codes.BAD_INPUT, f"{prog}: error: {name}: {error}"
     if "tensorflow" in type(error).__module__:
-        fault = environment_errno(error)
+        fault = environment_errno(error)  # a full disk also comes as ResourceExhaustedError
         if fault is not None:
             return exit_codes.BAD_INPUT, environment_line(prog, error, where, fault)
+        if name == "ResourceExhaustedError":  # a tensor did not fit: the batch is the lever
+            return exit_codes.BAD_INPUT, out_of_memory_line(prog, error, where)
         if name in _CLUSTER_ERRORS:
             return _cluster_lost(prog, error, where, "a peer was lost")
     raise error
@@ -489,6 +492,7 @@ def _train(recipe, config, where):
         rules=rule_choices(recipe, config, on_gpu=gpus > 0), total_steps=total_steps, say=say)
     where["policy_before"] = keras.mixed_precision.global_policy()  # back when main() returns
     keras.mixed_precision.set_global_policy(precision.policy)
+    where["batch"] = (config.global_batch_size, config.grad_accum_steps, precision.policy)
     keras.utils.set_random_seed(config.seed)
     pipeline = dict(seed=config.seed, deterministic=config.deterministic)
     # The pipeline function itself goes to fit, which distributes it and, when

@@ -8,6 +8,7 @@ Example:
 
 import errno
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -15,6 +16,7 @@ import time
 
 from tfdist.recipes.preflight import describe_warmup
 from tfdist.runtime import exit_codes
+from tfdist.runtime.cpu_allocator import POOL_LIMIT_ENV
 from tfdist.runtime.gpu_memory import check_allow_growth_env, describe_gpu_memory
 
 # What TensorFlow's file errors say when the environment, not the input, is at fault.
@@ -84,6 +86,55 @@ def environment_line(prog, error, where, number=None):
     else:
         advice = "Fix the file system problem and rerun." + resume
     return f"{prog}: error: cannot write{f' {path}' if path else ''}: {text}. {advice}"
+
+
+_OOM = re.compile(r"OOM when allocating tensor with shape\s*\[([^\]]*)\] and type (\w+) on "
+                  r"(\S+) by allocator (\S+)")
+_OOM_IN_A_GRAPH = re.compile(r"Out of memory while trying to allocate ([0-9.]+ ?[KMGT]?i?B)")
+
+
+def out_of_memory_line(prog, error, where):
+    """One line for a tensor that did not fit in memory (TensorFlow's ResourceExhaustedError).
+
+    Names the device, the tensor and its allocator as TensorFlow reported
+    them, the flags that shrink what a step holds (with their values, from
+    `where["batch"]`: global batch, accumulation steps and precision), the
+    backup a rerun resumes from, and the file the full error went to.
+
+    Example:
+
+    >>> error = MemoryError("OOM when allocating tensor with shape[128,512] and type float on "
+    ...                     "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+    >>> out_of_memory_line("prog", error, {"batch": (64, 1, "float32")})[:100]
+    'prog: error: out of memory on GPU:0: a float tensor of shape [128, 512] did not fit (allocator GPU_0'
+    """
+    text = str(getattr(error, "message", error))
+    found = _OOM.search(text)
+    if found:
+        shape, dtype, device, allocator = found.groups()
+        dims = ", ".join(d.strip() for d in shape.split(",") if d.strip())
+        device = device.rsplit("device:", 1)[-1]
+        what = (f"out of memory on {device}: a {dtype} tensor of shape [{dims}] did not fit "
+                f"(allocator {allocator}")
+        limit = os.environ.get(POOL_LIMIT_ENV)
+        if "cpu" in allocator.lower() and limit:
+            what += f", limited to {limit} MiB by ${POOL_LIMIT_ENV}"
+        what += ")"
+    else:
+        size = _OOM_IN_A_GRAPH.search(text)  # a compiled step names only the size
+        what = (f"out of memory while allocating {size.group(1)} in a step" if size
+                else f"out of memory: {error_summary(text)}")
+    global_batch, accumulation, precision = where.get("batch", (None, 1, None))
+    advice = ("Lower --global-batch-size" + (f" (now {global_batch})" if global_batch else "")
+              + f", or keep it with --grad-accum-steps {2 * (accumulation or 1)} (micro-batches "
+              f"half as large)")
+    if precision is not None and not str(precision).startswith("mixed"):
+        advice += f", or train in mixed precision (--precision mixed_bfloat16; now {precision})"
+    backup = resume_target(where)
+    resume = f" A rerun then resumes from {backup}." if backup else ""
+    full = save_full_error(error, where)
+    saved = f" Full error: {full}" if full else ""
+    return f"{prog}: error: {what}. {advice}.{resume}{saved}"
 
 
 def newest_backup(backup_dir):

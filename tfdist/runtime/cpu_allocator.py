@@ -64,6 +64,38 @@ def machine_memory_mb():
         return None
 
 
+def pool_limit_problem(environ=None):
+    """What is wrong with `$TF_CPU_BFC_MEM_LIMIT_IN_MB` while the pool is asked for, or None.
+
+    TensorFlow reads the pool's limit as a whole number of MiB; a value it
+    cannot read (`lots`, `1.5`) or 0 leaves a pool too small for any tensor,
+    and the process crashes at its first one (a segmentation fault) or stops
+    with an out-of-memory error. The recipes refuse it before TensorFlow
+    starts and `tfdist doctor` names it; `import tfdist` does not turn the
+    pool on then (a program that turns it on itself gets TensorFlow's crash).
+
+    Example:
+
+    >>> pool_limit_problem({"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPU_BFC_MEM_LIMIT_IN_MB": "1.5"})
+    "$TF_CPU_BFC_MEM_LIMIT_IN_MB='1.5' is not a whole number of MiB > 0 ..."
+    >>> pool_limit_problem({"TF_CPU_BFC_MEM_LIMIT_IN_MB": "8192"}) is None
+    True
+    """
+    environ = os.environ if environ is None else environ
+    limit = environ.get(POOL_LIMIT_ENV)
+    if limit is None or not _tensorflow_reads_true(environ.get(POOL_ENV, "true")):
+        return None  # no pool asked for (tfdist asks unless POOL_ENV says otherwise)
+    text = limit.strip()
+    if text.isdigit() and int(text) > 0:
+        return None
+    memory = machine_memory_mb()
+    return (f"${POOL_LIMIT_ENV}={limit!r} is not a whole number of MiB > 0 (the limit of "
+            f"TensorFlow's CPU memory pool, which would crash or run out of memory at its first "
+            f"tensor): set one such as 8192, or unset it"
+            + (f" for this machine's {memory} MiB" if memory else "")
+            + f" ({POOL_ENV}=false keeps malloc instead).")
+
+
 def pool_cpu_memory(environ=None):
     """Asks TensorFlow for its pooled CPU allocator, as far as `environ` has not
     decided already (see the module docstring).
@@ -84,6 +116,10 @@ def pool_cpu_memory(environ=None):
     """
     environ = os.environ if environ is None else environ
     set_here = {}
+    if pool_limit_problem(environ) is not None:
+        # Not turned on here: TensorFlow reads the limit only with the pool on, and
+        # would crash at the first tensor. The recipes and `tfdist doctor` refuse it.
+        return set_here
     if POOL_ENV not in environ:
         environ[POOL_ENV] = set_here[POOL_ENV] = "true"
     if _tensorflow_reads_true(environ[POOL_ENV]) and POOL_LIMIT_ENV not in environ:

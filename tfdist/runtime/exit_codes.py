@@ -19,7 +19,8 @@ FINISHED = 0
 FAILED = 1
 """Any other error, or an output the run announced is missing (one line names it)."""
 BAD_INPUT = 2
-"""A bad flag, config or TF_CONFIG, or an environment fault to fix before rerunning."""
+"""A bad flag, config or TF_CONFIG, or an environment fault to fix before rerunning (a full
+disk, a tensor that did not fit in memory)."""
 INTERRUPTED = 130
 """128 + SIGINT: Ctrl-C before training was set up (nothing trained or saved)."""
 KILLED = 137
@@ -69,7 +70,9 @@ TABLE = (
     ExitCode(BAD_INPUT, "bad flag, config or TF_CONFIG; or the environment: the model dir is "
                         "read-only, a file, cannot be created, or used by another run "
                         "(`.tfdist.lock`), the disk "
-                        "is full; or a refused resume or a diverged run (one-line error)",
+                        "is full, a tensor did not fit in memory (TensorFlow's out-of-memory "
+                        "error: lower the batch); or a refused resume or a diverged run "
+                        "(one-line error)",
              "no: fix the command or the environment; a rerun then resumes from the last "
              "backup"),
     ExitCode(FAILED, "any other error, or an output the run announced is missing (one line "
