@@ -32,12 +32,16 @@ MAX_TEST_WORKERS = 4
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (setup.cfg): one pytest-xdist worker per usable core, at most
-    MAX_TEST_WORKERS. Each worker's tests start TensorFlow processes of their
-    own (recipes, localhost clusters), so more workers than that would only
-    share the same memory bandwidth and stretch the tests' deadlines."""
+    """`-n auto` (setup.cfg): one pytest-xdist worker per usable core and one more,
+    at most MAX_TEST_WORKERS. With one per core the cores were busy about 1.87
+    of 2: many tests wait (for worker processes to start and meet, for a
+    backup, for a deadline), and the extra worker runs a test in those gaps
+    (on a 2-core Zen 4, 6% and 12% less time over ten of the heaviest files,
+    docs/testing.md). More would only share the same memory bandwidth and
+    stretch the tests' deadlines: each worker's tests start TensorFlow
+    processes of their own (recipes, localhost clusters)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(MAX_TEST_WORKERS, usable or 1)
+    return min(MAX_TEST_WORKERS, (usable or 1) + 1)
 
 
 HEAVY_MARKERS = ("slow", "multiworker")
