@@ -41,7 +41,7 @@ def test_an_explicit_yes_or_limit_is_kept():
 
 # TensorFlow reads the limit as a whole number of MiB: with the pool on, "lots" and "0"
 # crashed the process at its first tensor (a segmentation fault), "1.5" ran out of memory.
-@pytest.mark.parametrize("limit", ["lots", "0", "1.5", "-5", "", "8 GiB"])
+@pytest.mark.parametrize("limit", ["lots", "0", "1.5", "-5", "", "8 GiB", "\u0668\u0661\u0669\u0662"])
 def test_a_pool_limit_tensorflow_cannot_use_is_named_and_the_pool_not_turned_on(limit):
     problem = pool_limit_problem({POOL_LIMIT_ENV: limit})
     assert problem.startswith(f"${POOL_LIMIT_ENV}={limit!r} is not a whole number of MiB > 0 "), problem

@@ -86,7 +86,7 @@ def pool_limit_problem(environ=None):
     if limit is None or not _tensorflow_reads_true(environ.get(POOL_ENV, "true")):
         return None  # no pool asked for (tfdist asks unless POOL_ENV says otherwise)
     text = limit.strip()
-    if text.isdigit() and int(text) > 0:
+    if text.isascii() and text.isdigit() and int(text) > 0:  # as TensorFlow's strtoll reads it
         return None
     memory = machine_memory_mb()
     return (f"${POOL_LIMIT_ENV}={limit!r} is not a whole number of MiB > 0 (the limit of "
